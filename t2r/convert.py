@@ -1,0 +1,173 @@
+"""`convert(model, target)`: swap softmax attention for a recurrent mixer, keeping every source weight.
+
+The converted model is built by the same path that loads a saved source checkpoint into a t2r class
+(`from_pretrained(config=<t2r config>, state_dict=...)`): source parameters load unchanged by name and
+only the new gate parameters are initialised (see `t2r.layers` for how each starts).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from t2r.layers import MIXERS, MixerOptions
+from t2r.models import ARCHITECTURES
+from t2r.models.configuration import T2RConfigMixin
+
+_DROPPED_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "quantization_config", "auto_map")
+
+
+def parse_layers(spec, num_layers: int) -> list[int]:
+    """Layer indices from `None` (all), an iterable of ints, or a string like "0-3,8,-1"."""
+    if spec is None:
+        return list(range(num_layers))
+    if isinstance(spec, str):
+        indices = []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
+                indices += list(range(int(lo), int(hi) + 1))
+            else:
+                indices.append(int(part))
+        spec = indices
+    resolved = []
+    for i in spec:
+        if not -num_layers <= int(i) < num_layers:
+            raise ValueError(f"layer index {i} is out of range for a model with {num_layers} layers")
+        resolved.append(int(i) % num_layers)
+    if not resolved:
+        raise ValueError("layers= selects no layer; pass None to convert every layer")
+    return sorted(set(resolved))
+
+
+def check_convertible(config) -> None:
+    """Raise a ValueError naming the problem if `config` cannot be converted."""
+    if isinstance(config, T2RConfigMixin):
+        raise ValueError(f"this model is already converted ({config.model_type}); convert the source model instead")
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported architecture {model_type!r}: t2r converts {', '.join(sorted(ARCHITECTURES))} models "
+            "(decoder-only, rotary embeddings, q/k/v/o projections)"
+        )
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if head_dim * heads != config.hidden_size and getattr(config, "head_dim", None) is None:
+        raise ValueError(
+            f"hidden_size={config.hidden_size} is not divisible by num_attention_heads={heads}; set head_dim explicitly"
+        )
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even for rotary embeddings")
+
+
+def source_layer_types(config) -> list[str]:
+    """The source's attention kind per layer (full or sliding window)."""
+    if getattr(config, "layer_types", None):
+        return list(config.layer_types)
+    sliding = getattr(config, "sliding_window", None) and config.model_type == "mistral"
+    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+
+
+def t2r_config(config, target: str, layers=None, **options):
+    """The converted config for a source config: same fields, plus which layers run which mixer."""
+    if target not in MIXERS:
+        raise ValueError(f"unknown target {target!r}: choose one of {', '.join(MIXERS)}")
+    check_convertible(config)
+    resolved = MixerOptions.resolve(target, **options)
+    converted = set(parse_layers(layers, config.num_hidden_layers))
+    fields = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
+    fields.update(
+        layer_types=source_layer_types(config),
+        t2r_mixers=[target if i in converted else "softmax" for i in range(config.num_hidden_layers)],
+        t2r_options={target: resolved.to_dict()},
+    )
+    config_class = ARCHITECTURES[config.model_type][0]
+    return config_class(**fields)
+
+
+@dataclass
+class ConversionReport:
+    """What `convert` changed: printed by the CLI, useful in notebooks."""
+
+    model_type: str
+    target: str
+    converted_layers: list[int]
+    num_layers: int
+    source_parameters: int
+    added_parameters: int
+
+    def __str__(self) -> str:
+        share = 100 * self.added_parameters / max(self.source_parameters, 1)
+        return (
+            f"{self.model_type}: {len(self.converted_layers)}/{self.num_layers} layers -> {self.target} "
+            f"(layers {compact_ranges(self.converted_layers)})\n"
+            f"parameters: source {self.source_parameters:,}, added {self.added_parameters:,} ({share:.3f}%)"
+        )
+
+
+def compact_ranges(indices: list[int]) -> str:
+    parts, start = [], None
+    for i, x in enumerate(indices):
+        start = x if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            parts.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(parts)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+@contextmanager
+def quiet_loading():
+    """Silence the load report and progress bar: missing gate parameters are expected here."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+
+
+def convert(model: PreTrainedModel, target: str, *, layers=None, **options) -> PreTrainedModel:
+    """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
+
+    Args:
+        model: a loaded Llama, Mistral or Qwen2 causal LM (hub, local or GGUF; any dtype and device).
+        target: "gsa" | "gla" | "retnet" | "fox".
+        layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
+        **options: fields of `t2r.layers.MixerOptions` (num_slots, feature_map, rope, ...).
+    The source model is left untouched; the result shares no storage with it.
+    """
+    config = t2r_config(model.config, target, layers, **options)
+    causal_lm_class = ARCHITECTURES[model.config.model_type][2]
+    param = next(model.parameters())
+    state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with quiet_loading():
+        converted = causal_lm_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=param.dtype)
+    if getattr(model, "generation_config", None) is not None:
+        converted.generation_config = model.generation_config
+    return converted.to(param.device).train(model.training)
+
+
+def conversion_report(source: PreTrainedModel, converted: PreTrainedModel) -> ConversionReport:
+    mixers = converted.config.t2r_mixers
+    targets = sorted(set(mixers) - {"softmax"})
+    return ConversionReport(
+        model_type=source.config.model_type,
+        target="+".join(targets),
+        converted_layers=[i for i, m in enumerate(mixers) if m != "softmax"],
+        num_layers=len(mixers),
+        source_parameters=count_parameters(source),
+        added_parameters=count_parameters(converted) - count_parameters(source),
+    )

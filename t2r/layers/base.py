@@ -1,0 +1,95 @@
+"""The shared body of a converted attention layer: reuse q/k/v/o, run a recurrent mixer, keep its state.
+
+A converted layer sits where the softmax attention was (`decoder_layer.self_attn`) and keeps the
+projection modules under their original names (`q_proj`, `k_proj`, `v_proj`, `o_proj`), so the source
+checkpoint loads unchanged and only the small gate parameters are new.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from t2r.layers.feature_maps import FEATURE_MAP_FUNCTIONS
+from t2r.layers.options import MixerOptions
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding for `[B, T, H, D]` tensors; `cos`, `sin` are `[B, T, D]` as the source model makes them."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def head_rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMS normalisation over the head dimension, without weight (adds no parameter)."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+class ConvertedAttention(nn.Module):
+    """Base of every converted mixer: projections, feature map, RoPE and padding, shared by all targets.
+
+    Subclasses implement `mix(hidden_states, q, k, v, state, output_final_state, cu_seqlens)`, which returns
+    the per-head output `[B, T, HQ, V]` and the new recurrent state.
+    """
+
+    target: str = ""
+    num_states: int = 1
+    """Recurrent state tensors per layer kept by the generation cache (GSA keeps two)."""
+
+    def __init__(self, attention: nn.Module, config, layer_idx: int, options: MixerOptions):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.options = options
+        self.head_dim = attention.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.hidden_size = config.hidden_size
+        self.q_proj, self.k_proj = attention.q_proj, attention.k_proj
+        self.v_proj, self.o_proj = attention.v_proj, attention.o_proj
+        self.feature_map = FEATURE_MAP_FUNCTIONS[options.feature_map]
+
+    def project(self, hidden_states, position_embeddings):
+        """q `[B,T,HQ,D]`, k and v `[B,T,H,D]` after the feature map and (optionally) RoPE."""
+        batch, length, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        q, k = self.feature_map(q), self.feature_map(k)
+        if self.options.rope:
+            if position_embeddings is None:
+                raise ValueError("this layer keeps RoPE (rope=True) and needs position_embeddings=(cos, sin)")
+            q, k = apply_rope(q, k, *position_embeddings)
+        return q, k, v
+
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
+        length = hidden_states.shape[1]
+        q, k, v = self.project(hidden_states, position_embeddings)
+        if attention_mask is not None:
+            # 2D padding mask: a padded token writes nothing (k = v = 0). Exact for left padding,
+            # where the state is still zero while the gates decay it.
+            keep = attention_mask[:, -length:, None, None].to(k.dtype)
+            k, v = k * keep, v * keep
+        state = past_key_values.get_state(self.layer_idx) if past_key_values is not None else None
+        o, new_state = self.mix(
+            hidden_states, q, k, v, state,
+            output_final_state=past_key_values is not None,
+            cu_seqlens=kwargs.get("cu_seq_lens_q"),
+        )
+        if past_key_values is not None:
+            past_key_values.set_state(self.layer_idx, new_state, length)
+        if self.options.output_norm:
+            o = head_rms_norm(o)
+        o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
+        return self.o_proj(o), None
+
+    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"target={self.target}, heads={self.num_heads}/{self.num_kv_heads}, head_dim={self.head_dim}"

@@ -1,0 +1,51 @@
+"""Forgetting attention (Lin et al. 2025, FoX): softmax attention whose logits get sum_{l=j+1..i} log f_l.
+
+f_t = sigmoid(w_f^T x_t + b_f) per query head (the paper's scalar forget gate). With b_f large the bias is
+near zero, so a converted FoX model starts almost exactly as the source model. FoX is not constant-memory:
+generation keeps K/V plus the log forget gates in the cache.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from t2r.layers.base import ConvertedAttention
+from t2r.ops.fox import forgetting_attention
+
+
+class ForgetGate(nn.Module):
+    """x `[B,T,hidden]` -> log f `[B,T,HQ]` (<= 0)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, bias: float):
+        super().__init__()
+        self.initial_bias = bias
+        # Own parameters (not an nn.Linear child) so the deliberate init below is what loading runs.
+        self.weight = nn.Parameter(torch.empty(num_heads, hidden_size))
+        self.bias = nn.Parameter(torch.empty(num_heads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(F.linear(x, self.weight, self.bias).float())
+
+    def init_parameters(self, std: float) -> None:
+        init.zeros_(self.weight)
+        init.constant_(self.bias, self.initial_bias)
+
+
+class ForgettingAttention(ConvertedAttention):
+    target = "fox"
+
+    def __init__(self, attention, config, layer_idx, options):
+        super().__init__(attention, config, layer_idx, options)
+        self.forget_gate = ForgetGate(self.hidden_size, self.num_heads, options.fox_gate_bias)
+
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
+        q, k, v = self.project(hidden_states, position_embeddings)
+        g = self.forget_gate(hidden_states)
+        if past_key_values is not None:
+            k, v, g = past_key_values.update_with_gates(k, v, g, self.layer_idx)
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None
+        o = forgetting_attention(q, k, v, g, attention_mask=attention_mask, cu_seqlens=kwargs.get("cu_seq_lens_q"))
+        o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
+        return self.o_proj(o), None

@@ -1,0 +1,56 @@
+"""Gated linear attention (Yang et al. 2024, eq. 3): S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T.
+
+The forget gate alpha_t = sigmoid(W2 W1 x_t + b)^(1/tau) is low rank (GLA sec. 4.4). W2 starts at zero
+and b at RetNet's per-head decays, so the converted layer starts as retention and learns data dependence.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from t2r.layers.base import ConvertedAttention
+from t2r.ops.gla import gla
+
+
+class LowRankForgetGate(nn.Module):
+    """x `[B,T,hidden]` -> log alpha `[B,T,H,K]` (<= 0)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, rank: int, normalizer: float):
+        super().__init__()
+        self.num_heads, self.head_dim, self.normalizer = num_heads, head_dim, normalizer
+        # Own parameters (not nn.Linear children) so the deliberate init below is what loading runs.
+        self.down = nn.Parameter(torch.empty(rank, hidden_size))
+        self.up = nn.Parameter(torch.empty(num_heads * head_dim, rank))
+        self.bias = nn.Parameter(torch.empty(num_heads * head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(F.linear(x, self.down), self.up, self.bias).float()
+        return (F.logsigmoid(logits) / self.normalizer).view(*x.shape[:-1], self.num_heads, self.head_dim)
+
+    def init_parameters(self, std: float) -> None:
+        """Start as retention: alpha_h = gamma_h = 1 - 2^(-5-h), i.e. b = logit(gamma_h^tau)."""
+        init.normal_(self.down, std=std)
+        init.zeros_(self.up)
+        bias = []
+        for h in range(self.num_heads):
+            target = (1 - 2 ** (-5 - h)) ** self.normalizer  # sigmoid(b) = gamma^tau
+            bias += [math.log(target / (1 - target))] * self.head_dim
+        init.copy_(self.bias, torch.tensor(bias))
+
+
+class GatedLinearAttention(ConvertedAttention):
+    target = "gla"
+
+    def __init__(self, attention, config, layer_idx, options):
+        super().__init__(attention, config, layer_idx, options)
+        self.gate = LowRankForgetGate(
+            self.hidden_size, self.num_kv_heads, self.head_dim, options.gate_low_rank_dim,
+            options.gate_logit_normalizer,
+        )
+
+    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+        g = self.gate(hidden_states)
+        return gla(q, k, v, g, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

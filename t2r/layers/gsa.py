@@ -1,0 +1,30 @@
+"""Gated slot attention (Zhang et al. 2024): a bounded memory of M slots per kv head, read by softmax.
+
+Eq. 8: alpha_t = sigmoid(W_alpha x_t)^(1/tau), slot writes s_t = 1 - alpha_t; eq. 6-7 run two passes of
+gated linear attention joined by a softmax over the slots (`t2r.ops.gsa`). W_alpha is the only new
+parameter: hidden -> kv_heads x num_slots.
+"""
+
+import torch.nn.functional as F
+from torch import nn
+
+from t2r.layers.base import ConvertedAttention
+from t2r.ops.gsa import gsa
+
+
+class GatedSlotAttention(ConvertedAttention):
+    target = "gsa"
+    num_states = 2
+
+    def __init__(self, attention, config, layer_idx, options):
+        super().__init__(attention, config, layer_idx, options)
+        self.num_slots = options.num_slots
+        self.gate_logit_normalizer = options.gate_logit_normalizer
+        self.slot_gate = nn.Linear(self.hidden_size, self.num_kv_heads * self.num_slots, bias=False)
+
+    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+        logits = self.slot_gate(hidden_states).float()
+        g = F.logsigmoid(logits).view(*hidden_states.shape[:-1], self.num_kv_heads, self.num_slots)
+        g = g / self.gate_logit_normalizer
+        s = -g.expm1()  # 1 - alpha, computed without cancellation
+        return gsa(q, k, v, s, g, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -1,0 +1,83 @@
+"""Configs of converted models: the source architecture's config plus which mixer each layer runs.
+
+One config class per source architecture (transformers ignores registrations against its own config
+classes, so these are ours), each a `@strict` dataclass so bad fields fail at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+from t2r.layers import MIXERS, RECURRENT_MIXERS, MixerOptions
+
+LAYER_MIXERS = (*MIXERS, "softmax")
+
+
+@dataclass(kw_only=True)
+class T2RConfigMixin:
+    """Fields shared by every converted config.
+
+    `layer_types` keeps transformers' vocabulary (`linear_attention` for recurrent layers, the source's
+    `full_attention` / `sliding_attention` for softmax and FoX layers); the mixer kind lives in `t2r_mixers`
+    because transformers validates `layer_types` against a fixed list.
+    """
+
+    layer_types: list[str] | None = None
+    t2r_mixers: list[str] | None = None
+    """Per layer: gsa | gla | retnet | fox | softmax."""
+    t2r_options: dict | None = None
+    """Per target (key), the resolved `MixerOptions` as a dict."""
+
+    def _fill_t2r_fields(self) -> None:
+        n = self.num_hidden_layers
+        if self.t2r_mixers is None:
+            self.t2r_mixers = ["softmax"] * n
+        if len(self.t2r_mixers) != n:
+            raise ValueError(f"t2r_mixers has {len(self.t2r_mixers)} entries for {n} layers")
+        bad = sorted({m for m in self.t2r_mixers if m not in LAYER_MIXERS})
+        if bad:
+            raise ValueError(f"unknown mixer(s) {bad} in t2r_mixers; choose from {LAYER_MIXERS}")
+        self.t2r_options = dict(self.t2r_options or {})
+        for target in set(self.t2r_mixers) - {"softmax"}:
+            self.t2r_options[target] = MixerOptions.resolve(target, **self.t2r_options.get(target, {})).to_dict()
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * n
+        self.layer_types = [
+            "linear_attention" if mixer in RECURRENT_MIXERS else
+            ("full_attention" if layer_type == "linear_attention" else layer_type)
+            for mixer, layer_type in zip(self.t2r_mixers, self.layer_types)
+        ]
+
+    def mixer_options(self, layer_idx: int) -> MixerOptions:
+        target = self.t2r_mixers[layer_idx]
+        return MixerOptions(**self.t2r_options[target])
+
+
+@strict
+class T2RLlamaConfig(LlamaConfig, T2RConfigMixin):
+    model_type = "t2r_llama"
+
+    def __post_init__(self, **kwargs):
+        self._fill_t2r_fields()
+        super().__post_init__(**kwargs)
+
+
+@strict
+class T2RMistralConfig(MistralConfig, T2RConfigMixin):
+    model_type = "t2r_mistral"
+
+    def __post_init__(self, **kwargs):
+        self._fill_t2r_fields()
+        super().__post_init__(**kwargs)
+
+
+@strict
+class T2RQwen2Config(Qwen2Config, T2RConfigMixin):
+    model_type = "t2r_qwen2"
+
+    def __post_init__(self, **kwargs):
+        self._fill_t2r_fields()
+        super().__post_init__(**kwargs)

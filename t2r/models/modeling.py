@@ -1,0 +1,145 @@
+"""Converted models: the source architecture's classes with some attention modules swapped.
+
+Each converted class subclasses the source class (so parameter names stay
+`model.layers.N.self_attn.q_proj.weight` and a source checkpoint loads unchanged), swaps the attention of
+converted layers for a mixer from `t2r.layers`, and owns two things the source class cannot do for it:
+a forward that hands each layer the mask it needs, and the recurrent-state cache for `generate()`.
+"""
+
+
+import torch
+from transformers import (
+    LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model,
+)
+from transformers.masking_utils import (
+    create_causal_mask, create_recurrent_attention_mask, create_sliding_window_causal_mask,
+)
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from t2r.layers import ConvertedAttention, build_mixer
+from t2r.models.cache import T2RCache
+from t2r.models.configuration import T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config
+
+_MASK_FUNCTIONS = {
+    "full_attention": create_causal_mask,
+    "sliding_attention": create_sliding_window_causal_mask,
+    "linear_attention": create_recurrent_attention_mask,
+}
+
+
+def init_new_parameters(module, config) -> None:
+    """Give the new gates their deliberate start (see `t2r.layers`); runs after the generic init of children."""
+    if hasattr(module, "init_parameters"):
+        module.init_parameters(std=config.initializer_range)
+
+
+class T2RModelMixin:
+    """Swaps the attention modules named by `config.t2r_mixers` and runs the decoder with per-layer masks."""
+
+    _is_stateful = True  # generate() then refuses assisted decoding, which would need state rollback
+    _can_compile_fullgraph = False
+    _supports_flash_attn = False  # recurrent layers take the 2D padding mask, not varlen flash kwargs
+    base_model_tp_plan = None  # mixers reshape by head count: q/k/v sharding is not supported yet
+
+    def __init__(self, config):
+        super().__init__(config)
+        for layer_idx, mixer in enumerate(config.t2r_mixers):
+            if mixer != "softmax":
+                layer = self.layers[layer_idx]
+                layer.self_attn = build_mixer(mixer, layer.self_attn, config, layer_idx, config.mixer_options(layer_idx))
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        init_new_parameters(module, self.config)
+
+    def layer_masks(self, attention_mask, inputs_embeds, past_key_values, position_ids) -> dict:
+        """The mask each kind of layer needs: causal (full or sliding) for softmax, 2D padding for the rest."""
+        kwargs = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                      past_key_values=past_key_values, position_ids=position_ids)
+        masks = {kind: _MASK_FUNCTIONS[kind](**kwargs) for kind in set(self.config.layer_types)}
+        masks["fox"] = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        return masks
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = T2RCache(self.config)
+        if position_ids is None:
+            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen
+
+        masks = self.layer_masks(attention_mask, inputs_embeds, past_key_values, position_ids)
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for layer_idx, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
+            mixer = self.config.t2r_mixers[layer_idx]
+            mask = masks["fox"] if mixer == "fox" else masks[self.config.layer_types[layer_idx]]
+            hidden_states = decoder_layer(
+                hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
+                position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache, **kwargs,
+            )
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+class T2RCausalLMMixin:
+    """Causal LM head over the converted base model; generate() gets its cache from the model's forward."""
+
+    _is_stateful = True
+    _can_compile_fullgraph = False
+    _supports_flash_attn = False
+    base_model_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """No stock DynamicCache: the model's forward builds a `T2RCache` on the first call."""
+        return False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        init_new_parameters(module, self.config)
+
+    def converted_layers(self) -> dict[int, ConvertedAttention]:
+        return {i: layer.self_attn for i, layer in enumerate(self.model.layers)
+                if isinstance(layer.self_attn, ConvertedAttention)}
+
+
+class T2RLlamaModel(T2RModelMixin, LlamaModel):
+    config: T2RLlamaConfig
+
+
+class T2RLlamaForCausalLM(T2RCausalLMMixin, LlamaForCausalLM):
+    config: T2RLlamaConfig
+    base_model_class = T2RLlamaModel
+
+
+class T2RMistralModel(T2RModelMixin, MistralModel):
+    config: T2RMistralConfig
+
+
+class T2RMistralForCausalLM(T2RCausalLMMixin, MistralForCausalLM):
+    config: T2RMistralConfig
+    base_model_class = T2RMistralModel
+
+
+class T2RQwen2Model(T2RModelMixin, Qwen2Model):
+    config: T2RQwen2Config
+
+
+class T2RQwen2ForCausalLM(T2RCausalLMMixin, Qwen2ForCausalLM):
+    config: T2RQwen2Config
+    base_model_class = T2RQwen2Model

@@ -1,0 +1,283 @@
+"""Chunkwise gated linear attention in PyTorch (GLA paper, section 4.2-4.3).
+
+One engine serves gla, simple_gla and both passes of gsa. It runs the
+recurrence
+
+    S_t = (exp(gk_t) exp(gv_t)^T * exp(g_t)) (.) S_{t-1} + k_t v_t^T,    o_t = scale * S_t^T q_t
+
+where every gate is optional and in log space (<= 0): `g` [B,T,H] is one
+decay per head and step (simple GLA / RetNet), `gk` [B,T,H,K] decays the key
+rows of the [K, V] state (GLA), `gv` [B,T,H,V] decays its value columns (the
+first GSA pass). This is the general form of the paper's appendix C.2 with
+B = exp(cumsum gk) and D = exp(cumsum gv).
+
+The sequence is cut into chunks of C steps. With cumulative log gates
+b_i = sum_{s<=i} g_s taken inside each chunk:
+
+* inter-chunk (sec. 4.2): S_[n+1] = gamma_n (.) S_[n] + (K (.) Gamma)^T V and
+  O_inter = (Q (.) Lambda) S_[n], with Lambda_i = exp(b_i), Gamma_i = exp(b_C - b_i),
+  gamma_n = exp(b_C); chunk states come from one sequential scan;
+* intra-chunk: the masked attention-like matrix P_ij = sum_k q_ik k_jk exp(b_ik - b_jk),
+  j <= i (eq. 4). For per-channel gates it is built by secondary chunking
+  (sec. 4.3, Listing 1): blocks between sub-chunks are plain matmuls with every
+  decay measured from the end of the previous sub-chunk, and diagonal blocks are
+  computed in log space.
+
+Numerics: every exponent that is evaluated is a sum of gates, hence <= 0, so
+nothing overflows even for very strong decays; decays from the future are
+masked to -inf *before* exp. Exponents are accumulated directly over the
+segment they span (segment sums, suffix sums) rather than as differences of
+long prefix sums, which keeps the tiny gate gradients of fast-decaying heads
+accurate and gives exact-zero exponents no gradient at all.
+
+GQA: q is viewed as [.., H, G, K] and the G query heads of a group share the
+kv head's state in every matmul; k/v/gates/state are never repeated.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..utils import check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences
+
+__all__ = ["chunk_gla", "chunk_gated_linear_attention", "check_gla_inputs"]
+
+SUB_CHUNK_SIZE = 16
+
+
+def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """[B, T, H, *rest] -> fp32 [B, H, N, C, *rest], zero-padded to N*C steps.
+
+    Zero padding is harmless: a zero log gate leaves the state as it is and a
+    zero key adds nothing, so the final state is unchanged.
+    """
+    B, T, H = x.shape[:3]
+    n_chunks = -(-T // chunk_size)
+    pad = n_chunks * chunk_size - T
+    x = x.float()
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+    return x.reshape(B, n_chunks, chunk_size, H, *x.shape[3:]).movedim(3, 1)
+
+
+def _from_chunks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[B, H, N, C, G, V] -> [B, T, H*G, V] (inverse of _to_chunks for grouped outputs)."""
+    B, H, N, C, G, V = x.shape
+    return x.movedim(1, 3).reshape(B, N * C, H * G, V)[:, :seq_len]
+
+
+def _exp_masked(log_decay: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """exp(log_decay) where `keep`, exactly 0 elsewhere (masking happens before exp)."""
+    return log_decay.masked_fill(~keep, float("-inf")).exp()
+
+
+def _causal(n: int, device, strict: bool = False) -> torch.Tensor:
+    """[n, n] bool mask of (i, j) with j <= i (j < i if strict)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def _segment_decay(step_log: torch.Tensor) -> torch.Tensor:
+    """exp(sum_{j < s <= i} g_s) for j <= i, else 0: [.., c, D] -> [.., c_i, c_j, D].
+
+    The segment sums are accumulated directly from the gates (not as the
+    difference b_i - b_j of two long prefix sums), so they keep full relative
+    precision however strong the decay, and the diagonal is an exact constant 0
+    that sends no spurious gradient into the gates.
+    """
+    c = step_log.shape[-2]
+    later = _causal(c, step_log.device, strict=True)[:, :, None]              # s > j
+    terms = step_log.unsqueeze(-2).expand(*step_log.shape[:-1], c, step_log.shape[-1])
+    segment = terms.masked_fill(~later, 0.0).cumsum(-3)                      # [.., i, j, D]
+    return _exp_masked(segment, _causal(c, step_log.device)[:, :, None])
+
+
+def _decay_to_end(step_log: torch.Tensor) -> torch.Tensor:
+    """sum_{s > j} g_s within the block (log of Gamma_j): [.., C, D] -> [.., C, D].
+
+    Summed directly from the end, so the last row is an exact constant 0.
+    """
+    suffix = step_log.flip(-2).cumsum(-2).flip(-2)             # sum_{s >= j}
+    return F.pad(suffix[..., 1:, :], (0, 0, 0, 1))
+
+
+def _sub_chunk_factors(step_log: torch.Tensor, sub: int):
+    """Log decays linking sub-chunks through the end of sub-chunk I-1 (sec. 4.3, Listing 1).
+
+    step_log [.., C, D] -> (from_start [.., I, i, D], to_ref [.., I, J, j, D]) with
+    from_start = sum of g over (start of I, i] and to_ref = sum of g over (j, start of I)
+    for j in sub-chunk J < I (masked to -inf otherwise), so that
+    exp(from_start_i + to_ref_j) = exp(b_i - b_j) with both parts <= 0.
+    """
+    *lead, C, D = step_log.shape
+    n = C // sub
+    steps = step_log.reshape(*lead, n, sub, D)
+    totals = steps.sum(-2)                                                    # [.., L, D]
+    idx = torch.arange(n, device=step_log.device)
+    between = (idx[None, :, None] < idx[None, None, :]) & (idx[None, None, :] < idx[:, None, None])
+    gap = torch.einsum("IJL,...LD->...IJD", between.to(step_log.dtype), totals)   # J < L < I
+    to_ref = _decay_to_end(steps).unsqueeze(-4) + gap.unsqueeze(-2)           # [.., I, J, j, D]
+    earlier = _causal(n, step_log.device, strict=True)[:, :, None, None]
+    return steps.cumsum(-2), to_ref.masked_fill(~earlier, float("-inf"))
+
+
+def _key_gated_scores(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, sub: int) -> torch.Tensor:
+    """P_ij = sum_k q_ik k_jk exp(b_ik - b_jk) for j <= i, else 0 (eq. 4 via sec. 4.3).
+
+    q [.., C, G, K], k / gk [.., C, K] (gk: per-step key log gates). Blocks between
+    sub-chunks are matmuls; diagonal blocks use the log-space segment decays.
+    Returns [.., C, G, C].
+    """
+    *lead, C, G, K = q.shape
+    n = C // sub
+    qs, ks = q.reshape(*lead, n, sub, G, K), k.reshape(*lead, n, sub, K)
+    from_start, to_ref = _sub_chunk_factors(gk, sub)
+    q_ref = qs * from_start.exp().unsqueeze(-2)                # [.., I, i, G, K]
+    k_ref = ks.unsqueeze(-4) * to_ref.exp()                    # [.., I, J, j, K], zero unless J < I
+    scores = torch.einsum("...Iigk,...IJjk->...IigJj", q_ref, k_ref)
+    decay = _segment_decay(gk.reshape(*lead, n, sub, K))       # [.., I, i, j, K]
+    diag = torch.einsum("...Iigk,...Iijk->...Iigj", qs, ks.unsqueeze(-3) * decay)
+    on_diag = torch.eye(n, device=q.device, dtype=q.dtype)[:, None, None, :, None]
+    scores = scores + diag.unsqueeze(-2) * on_diag
+    return scores.reshape(*lead, C, G, C)
+
+
+def _value_gated_mix(scores: torch.Tensor, v: torch.Tensor, gv: torch.Tensor, sub: int) -> torch.Tensor:
+    """o_iv = sum_{j<=i} P_ij v_jv exp(b_iv - b_jv): causal mixing under a value-side decay.
+
+    scores [.., C, G, C] (already causal), v / gv [.., C, V]. Same sub-chunk
+    scheme as `_key_gated_scores`, mirrored onto the value channels.
+    Returns [.., C, G, V].
+    """
+    *lead, C, G, _ = scores.shape
+    V = v.shape[-1]
+    n = C // sub
+    ps = scores.reshape(*lead, n, sub, G, n, sub)
+    vs = v.reshape(*lead, n, sub, V)
+    from_start, to_ref = _sub_chunk_factors(gv, sub)
+    v_ref = vs.unsqueeze(-4) * to_ref.exp()                    # [.., I, J, j, V]
+    out = torch.einsum("...IigJj,...IJjv->...Iigv", ps, v_ref) * from_start.exp().unsqueeze(-2)
+    diag_scores = torch.diagonal(ps, dim1=-5, dim2=-2).movedim(-1, -4)   # [.., I, i, G, j]
+    decay = _segment_decay(gv.reshape(*lead, n, sub, V))
+    out = out + torch.einsum("...Iigj,...Iijv->...Iigv", diag_scores, vs.unsqueeze(-3) * decay)
+    return out.reshape(*lead, C, G, V)
+
+
+def _intra_chunk(q, k, v, g, gk, gv, sub: int) -> torch.Tensor:
+    """Output of each chunk from its own keys/values only: [B, H, N, C, G, V].
+
+    g [.., C, 1], gk [.., C, K], gv [.., C, V]: per-step log gates or None.
+    """
+    C = k.shape[-2]
+    if gk is None:
+        scores = torch.einsum("...igk,...jk->...igj", q, k)
+    else:
+        scores = _key_gated_scores(q, k, gk, sub)
+    if g is not None:   # scalar decay: one [C, C] factor (RetNet-style), no sub-chunks needed
+        scores = scores * _segment_decay(g).squeeze(-1).unsqueeze(-2)
+    elif gk is None:
+        scores = scores.masked_fill(~_causal(C, q.device).unsqueeze(-2), 0.0)
+    if gv is None:
+        return torch.einsum("...igj,...jv->...igv", scores, v)
+    return _value_gated_mix(scores, v, gv, sub)
+
+
+def _scan_chunk_states(k, v, key_step, value_step, initial_state):
+    """Sequential inter-chunk recurrence (sec. 4.2); returns (state before each chunk, last state).
+
+    key_step [.., C, K or 1] (gk and scalar g merged) and value_step [.., C, V]
+    are the per-step log gates of each chunk, or None.
+    """
+    B, H, N = k.shape[:3]
+    K, V = k.shape[-1], v.shape[-1]
+    log_decay = k.new_zeros(B, H, N, 1, 1)                     # log gamma_n = b_C
+    if key_step is not None:
+        k = k * _decay_to_end(key_step).exp()                   # K (.) Gamma
+        log_decay = log_decay + key_step.sum(-2).unsqueeze(-1)
+    if value_step is not None:
+        v = v * _decay_to_end(value_step).exp()
+        log_decay = log_decay + value_step.sum(-2).unsqueeze(-2)
+    updates = torch.einsum("...ck,...cv->...kv", k, v)          # [B, H, N, K, V]
+    decay = log_decay.exp()
+    state = k.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
+    starts = []
+    for n in range(N):
+        starts.append(state)
+        state = decay[:, :, n] * state + updates[:, :, n]
+    return torch.stack(starts, dim=2), state
+
+
+def chunk_gated_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: Optional[torch.Tensor] = None,
+    gk: Optional[torch.Tensor] = None,
+    gv: Optional[torch.Tensor] = None,
+    scale: float,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Engine for one batch of equal-length sequences (no checks, no varlen).
+
+    q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V]; g [B,T,H], gk [B,T,H,K], gv [B,T,H,V]
+    log gates, each optional; initial_state [B,H,K,V]. Returns the output in
+    fp32 [B,T,HQ,V] (callers cast) and the fp32 final state or None.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    B, T, HQ, K = q.shape
+    H = k.shape[2]
+    sub = math.gcd(chunk_size, SUB_CHUNK_SIZE)
+    qc = _to_chunks(q.reshape(B, T, H, HQ // H, K), chunk_size) * scale   # [B,H,N,C,G,K]
+    kc, vc = _to_chunks(k, chunk_size), _to_chunks(v, chunk_size)
+    g_step = _to_chunks(g, chunk_size).unsqueeze(-1) if g is not None else None   # [B,H,N,C,1]
+    gk_step = _to_chunks(gk, chunk_size) if gk is not None else None            # [B,H,N,C,K]
+    gv_step = _to_chunks(gv, chunk_size) if gv is not None else None            # [B,H,N,C,V]
+    # Scalar and key-channel decays act the same way between chunks: merge them.
+    key_step = gk_step if g_step is None else (g_step if gk_step is None else gk_step + g_step)
+    starts, final = _scan_chunk_states(kc, vc, key_step, gv_step, initial_state)
+
+    # Inter-chunk output (Q (.) Lambda) S_[n], Lambda_i = exp(b_i), b_i = sum_{s <= i} g_s.
+    q_from_start = qc if key_step is None else qc * key_step.cumsum(-2).exp().unsqueeze(-2)
+    o_inter = torch.einsum("...cgk,...kv->...cgv", q_from_start, starts)
+    if gv_step is not None:
+        o_inter = o_inter * gv_step.cumsum(-2).exp().unsqueeze(-2)
+    o = o_inter + _intra_chunk(qc, kc, vc, g_step, gk_step, gv_step, sub)
+    return _from_chunks(o, T), (final if output_final_state else None)
+
+
+def chunk_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.LongTensor] = None,
+    chunk_size: int = 64,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Chunkwise GLA with per-key-channel decay g [B,T,H,K]; same contract as `t2r.ops.gla`."""
+    K = check_gla_inputs("chunk_gla", q, k, v, g, initial_state, cu_seqlens)[4]
+
+    def run(q, k, v, g, initial_state, output_final_state):
+        return chunk_gated_linear_attention(
+            q, k, v, gk=g, scale=default_scale(scale, K), initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size)
+
+    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens)
+    return o.to(v.dtype), final
+
+
+def check_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> Tuple[int, ...]:
+    """Validate gla arguments; return (B, T, HQ, H, K, V)."""
+    B, T, HQ, H, K, V = check_qkv(op, q, k, v)
+    check_gate(op, "g", g, [B, T, H, K], "one log decay per key channel of each kv head",
+               "for one decay per head use simple_gla")
+    n_seqs = check_cu_seqlens(op, cu_seqlens, B, T)
+    check_state(op, "initial_state", initial_state, [n_seqs, H, K, V])
+    return B, T, HQ, H, K, V

@@ -1,0 +1,48 @@
+"""Chunkwise simple GLA: the shared GLA engine with a scalar decay per head and step.
+
+A scalar gate keeps the intra-chunk decay a [C, C] matrix exp(b_i - b_j)
+(RetNet's chunkwise form, GLA paper appendix C.2 with A = 1, B = gamma^i), so no
+per-channel sub-chunking is needed; see `t2r.ops.gla.chunk` for the algorithm.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from ..gla.chunk import chunk_gated_linear_attention
+from ..utils import check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences
+
+__all__ = ["chunk_simple_gla", "check_simple_gla_inputs"]
+
+
+def check_simple_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> Tuple[int, ...]:
+    """Validate simple_gla arguments; return (B, T, HQ, H, K, V)."""
+    B, T, HQ, H, K, V = check_qkv(op, q, k, v)
+    check_gate(op, "g", g, [B, T, H], "one log decay per kv head and step",
+               "for per-channel decays [B, T, H, K] use gla")
+    n_seqs = check_cu_seqlens(op, cu_seqlens, B, T)
+    check_state(op, "initial_state", initial_state, [n_seqs, H, K, V])
+    return B, T, HQ, H, K, V
+
+
+def chunk_simple_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.LongTensor] = None,
+    chunk_size: int = 64,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Chunkwise simple GLA with g [B,T,H]; same contract as `t2r.ops.simple_gla`."""
+    K = check_simple_gla_inputs("chunk_simple_gla", q, k, v, g, initial_state, cu_seqlens)[4]
+
+    def run(q, k, v, g, initial_state, output_final_state):
+        return chunk_gated_linear_attention(
+            q, k, v, g=g, scale=default_scale(scale, K), initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size)
+
+    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens)
+    return o.to(v.dtype), final

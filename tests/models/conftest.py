@@ -1,0 +1,45 @@
+"""Tiny random source models of every supported architecture (built from configs, no download)."""
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+)
+
+COMMON = dict(
+    vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)
+
+
+def tiny_source(arch: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(**{**COMMON, **overrides})
+        model = LlamaForCausalLM(config)
+    elif arch == "mistral":
+        config = MistralConfig(**{**COMMON, "sliding_window": 16, **overrides})
+        model = MistralForCausalLM(config)
+    elif arch == "qwen2":
+        config = Qwen2Config(**{**COMMON, **overrides})
+        model = Qwen2ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    with torch.no_grad():  # a pad embedding that is not zero, so missing padding masks show up
+        model.get_input_embeddings().weight[COMMON["pad_token_id"]].normal_()
+    return model.eval()
+
+
+ARCHS = ("llama", "mistral", "qwen2")
+TARGETS = ("gsa", "gla", "retnet", "fox")
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(params=TARGETS)
+def target(request):
+    return request.param

@@ -1,0 +1,127 @@
+"""Conversion: every architecture to every target, parameter reuse, hybrids, options and bad inputs."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import t2r
+from t2r.layers import MIXER_CLASSES
+from tests.models.conftest import tiny_source
+
+
+def test_converts_every_architecture_to_every_target(arch, target):
+    source = tiny_source(arch)
+    model = t2r.convert(source, target, num_slots=8)
+    assert model.config.model_type == f"t2r_{arch}"
+    assert model.config.t2r_mixers == [target] * 3
+    for layer in model.model.layers:
+        assert isinstance(layer.self_attn, MIXER_CLASSES[target])
+    # every source weight is reused unchanged, under the same name
+    converted = model.state_dict()
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(converted[name], tensor), name
+    ids = torch.randint(3, 97, (2, 13))
+    logits = model(ids).logits
+    assert logits.shape == (2, 13, 97) and torch.isfinite(logits).all()
+
+
+def test_source_model_is_left_untouched():
+    source = tiny_source("llama")
+    before = {k: v.clone() for k, v in source.state_dict().items()}
+    t2r.convert(source, "gsa")
+    assert type(source.model.layers[0].self_attn).__name__ == "LlamaAttention"
+    assert all(torch.equal(before[k], v) for k, v in source.state_dict().items())
+
+
+def test_added_parameters_are_only_the_gates(arch):
+    source = tiny_source(arch)
+    hidden, kv_heads, heads, head_dim, layers = 64, 2, 4, 16, 3
+    expected = {
+        "gsa": layers * hidden * kv_heads * 8,                                  # W_alpha
+        "gla": layers * (16 * hidden + kv_heads * head_dim * (16 + 1)),         # low-rank gate + bias
+        "retnet": 0,
+        "fox": layers * heads * (hidden + 1),                                   # per-head forget gate
+    }
+    for target, added in expected.items():
+        report = t2r.conversion_report(source, t2r.convert(source, target, num_slots=8))
+        assert report.added_parameters == added, target
+        assert report.source_parameters == sum(p.numel() for p in source.parameters())
+
+
+def test_fox_starts_close_to_the_source_model(arch):
+    source = tiny_source(arch)
+    ids = torch.randint(3, 97, (2, 14))  # within Mistral's window of 16: FoX layers see the whole past
+    with torch.no_grad():
+        diff = (t2r.convert(source, "fox")(ids).logits - source(ids).logits).abs().max()
+    assert diff < 1e-2  # forget gate starts at sigmoid(8): a bias below 14 * 3.4e-4 on every logit
+
+
+def test_gla_starts_as_retention(arch):
+    source = tiny_source(arch)
+    ids = torch.randint(3, 97, (2, 20))
+    with torch.no_grad():
+        gla = t2r.convert(source, "gla", gate_logit_normalizer=16)(ids).logits
+        retnet = t2r.convert(source, "retnet")(ids).logits
+    torch.testing.assert_close(gla, retnet, rtol=1e-4, atol=1e-4)
+
+
+def test_hybrid_keeps_selected_layers_softmax():
+    source = tiny_source("llama")
+    model = t2r.convert(source, "gsa", layers="0,2")
+    assert model.config.t2r_mixers == ["gsa", "softmax", "gsa"]
+    assert model.config.layer_types == ["linear_attention", "full_attention", "linear_attention"]
+    assert type(model.model.layers[1].self_attn).__name__ == "LlamaAttention"
+    assert t2r.convert(source, "gla", layers=[-1]).config.t2r_mixers == ["softmax", "softmax", "gla"]
+
+
+def test_mistral_softmax_layers_keep_the_sliding_window():
+    model = t2r.convert(tiny_source("mistral"), "gla", layers=[0])
+    assert model.config.layer_types == ["linear_attention", "sliding_attention", "sliding_attention"]
+    assert model.config.sliding_window == 16
+
+
+def test_qwen2_keeps_qkv_biases():
+    model = t2r.convert(tiny_source("qwen2"), "gsa")
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.k_proj.bias is not None and attn.o_proj.bias is None
+
+
+def test_options_are_recorded_in_the_config():
+    model = t2r.convert(tiny_source("llama"), "gsa", num_slots=4, feature_map="relu", rope=False)
+    options = model.config.t2r_options["gsa"]
+    assert (options["num_slots"], options["feature_map"], options["rope"]) == (4, "relu", False)
+    assert model.model.layers[0].self_attn.slot_gate.out_features == 2 * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(target="mamba"), "unknown target"),
+        (dict(target="gsa", num_slots=0), "num_slots must be a positive integer"),
+        (dict(target="gsa", num_slots=-3), "num_slots must be a positive integer"),
+        (dict(target="gla", feature_map="tanh"), "feature_map"),
+        (dict(target="gla", slots=4), "unknown conversion option"),
+        (dict(target="gla", layers=[5]), "out of range"),
+        (dict(target="gla", layers=[]), "selects no layer"),
+    ],
+)
+def test_bad_options_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        t2r.convert(tiny_source("llama"), **kwargs)
+
+
+def test_unsupported_architecture_is_named():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'.*llama, mistral, qwen2"):
+        t2r.convert(gpt2, "gsa")
+
+
+def test_head_sizes_that_do_not_divide_are_rejected():
+    with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
+        t2r.convert(tiny_source("llama", num_attention_heads=4, num_key_value_heads=3, head_dim=16), "gla")
+
+
+def test_converting_twice_is_refused():
+    model = t2r.convert(tiny_source("llama"), "gla")
+    with pytest.raises(ValueError, match="already converted"):
+        t2r.convert(model, "gsa")
