@@ -83,10 +83,12 @@ def forgetting_attention(
     """
     _check_inputs(q, k, v, g, attention_mask, cu_seqlens)
     kwargs = dict(scale=scale, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-    # --- Triton kernel goes here (none yet, so T2R_OPS_BACKEND=triton still
-    # lands on the chunk form). Wire it as:
-    #     from t2r.ops.backend import use_triton
-    #     if use_triton(q, k, v, g):
-    #         return <triton forgetting attention>(q, k, v, g, **kwargs)
-    # -------------------------------------------------------------------------
+    # Triton kernel (t2r/ops/fox/triton_parallel.py) when the backend picks Triton and the
+    # kernel covers the call (head dims powers of two <= 128, one dtype for q/k/v); the
+    # PyTorch chunk form otherwise.
+    from t2r.ops.backend import use_triton
+    if use_triton(q, k, v, g):
+        from .triton_parallel import parallel_forgetting_attention_triton, supports
+        if supports(q, k, v, g, cu_seqlens=cu_seqlens, attention_mask=attention_mask):
+            return parallel_forgetting_attention_triton(q, k, v, g, **kwargs)
     return chunk_forgetting_attention(q, k, v, g, **kwargs)
