@@ -3,6 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..backend import use_triton
 from ..utils import map_over_sequences, prefer_recurrent
 from .chunk import check_gsa_inputs, chunk_gsa
 from .naive import naive_recurrent_gsa
@@ -50,7 +51,18 @@ def gsa(
     T = check_gsa_inputs("gsa", q, k, v, s, g, initial_state, cu_seqlens)[1]
     if initial_state is not None:
         initial_state = tuple(initial_state)
-    # Backend dispatch: Triton kernels plug in here (see t2r.ops.backend.use_triton).
+    # Backend dispatch: Triton kernels on CUDA tensors (see t2r.ops.backend.use_triton).
+    # The chunk kernels were checked on the H100 with K, V in {64, 128} and 64 slots; smaller
+    # head/slot dims stay on the PyTorch path (see the note in triton_chunk._tile).
+    if use_triton(q, k, v, s, g):
+        if prefer_recurrent(T, q, k, v, s, g, initial_state):
+            from .triton_recurrent import fused_recurrent_gsa_triton
+            return fused_recurrent_gsa_triton(q, k, v, s, g, scale=scale, initial_state=initial_state,
+                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    if use_triton(q, k, v, s, g) and min(q.shape[-1], v.shape[-1], s.shape[-1]) >= 64:
+        from .triton_chunk import chunk_gsa_triton
+        return chunk_gsa_triton(q, k, v, s, g, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if prefer_recurrent(T, q, k, v, s, g, initial_state):
         def step(q, k, v, s, g, initial_state, output_final_state):
             return naive_recurrent_gsa(q, k, v, s, g, scale, initial_state, output_final_state)

@@ -1,0 +1,227 @@
+"""Triton GSA kernels (chunkwise fwd/bwd, recurrent decode) vs the naive recurrence.
+
+Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before
+triton is imported) on fp32 at small shapes; the interpreter computes bf16 dots wrongly,
+so bf16 runs only on the GPU, where the same cases also run at real sizes.
+Write weights s are drawn independently of g (with s = 1 - exp(g) and strong decays every
+slot holds the same key and dq is rounding noise), plus one mild case with s = 1 - exp(g).
+"""
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+if not CUDA and not INTERPRET:
+    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+
+def _fresh(name):
+    """Import (or re-import, if it was decorated before TRITON_INTERPRET was set) a kernel module."""
+    mod = sys.modules.get(name)
+    return importlib.reload(mod) if (mod is not None and INTERPRET) else importlib.import_module(name)
+
+
+_fresh("t2r.ops.triton_utils")
+tc = _fresh("t2r.ops.gsa.triton_chunk")
+tr = _fresh("t2r.ops.gsa.triton_recurrent")
+from t2r.ops.gsa.naive import naive_recurrent_gsa  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+FP32_TOL = 1e-2 if CUDA else 1e-4      # tf32 dots on the GPU (seen: 2e-3 to 4e-3 at D64-128)
+BF16_TOL = 3e-2
+
+
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    d = b.norm().item()
+    return (a - b).norm().item() / (d if d > 0 else 1.0)
+
+
+def make(B, T, HQ, H, K, V, M, gate="moderate", seed=0, h0=True, tied=False, n_state=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, H, M, generator=gen)
+    g = F.logsigmoid(2 * x) if gate == "moderate" else F.logsigmoid(x) / 8
+    s = 1 - g.exp() if tied else torch.rand(B, T, H, M, generator=gen) * 2
+    inputs = dict(q=torch.randn(B, T, HQ, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+                  v=torch.randn(B, T, H, V, generator=gen), s=s, g=g)
+    n = B if n_state is None else n_state
+    state = (torch.randn(n, H, K, M, generator=gen), torch.randn(n, H, M, V, generator=gen)) if h0 else None
+    return inputs, state
+
+
+def fwd_bwd(fn, inputs, h0, dtype=torch.float32, **kw):
+    """Run fn with output_final_state=True, backprop fixed cotangents, return fp32 results."""
+    leaves = {n: t.to(DEV, dtype).requires_grad_(True) for n, t in inputs.items()}
+    h = tuple(t.to(DEV).requires_grad_(True) for t in h0) if h0 is not None else None
+    o, (fk, fv) = fn(*leaves.values(), initial_state=h, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(1234)
+    cot = [torch.randn(t.shape, generator=gen).to(DEV) for t in (o, fk, fv)]
+    loss = (o.float() * cot[0]).sum() + (fk * cot[1]).sum() + (fv * cot[2]).sum()
+    loss.backward()
+    assert fk.dtype == torch.float32 and fv.dtype == torch.float32
+    out = {"o": o, "final_k": fk, "final_v": fv}
+    out.update({"d" + n: t.grad for n, t in leaves.items()})
+    if h is not None:
+        out.update({"dh0_k": h[0].grad, "dh0_v": h[1].grad})
+    return {n: t.detach().float() for n, t in out.items()}
+
+
+def naive(q, k, v, s, g, initial_state=None, output_final_state=True, scale=None):
+    """The reference in fp32 (inputs upcast, outputs in the inputs' dtype)."""
+    dt = q.dtype
+    o, st = naive_recurrent_gsa(q.float(), k.float(), v.float(), s.float(), g.float(), scale,
+                                initial_state, output_final_state)
+    return o.to(dt), st
+
+
+def check(out, ref, tol):
+    assert out.keys() == ref.keys()
+    for n in ref:
+        assert torch.isfinite(out[n]).all(), f"{n}: non-finite"
+        err = rel(out[n], ref[n])
+        assert err <= tol, f"{n}: relative error {err:.2e} > {tol:.0e}"
+
+
+# The interpreter runs tiny dims; the GPU runs the same cases at the dims the kernels ship for
+# (odd tiny dims on the GPU are checked last, in test_gpu_tiny_dims, so a crash there hides nothing).
+SMALL = dict(K=64, V=64, M=64) if CUDA else dict(K=16, V=32, M=16)
+CASES = [  # (B, T, HQ, H, gate, h0)
+    (1, 1, 4, 2, "moderate", True),
+    (2, 70, 4, 2, "moderate", True),
+    (1, 130, 2, 2, "mild", False),
+]
+
+
+@pytest.mark.parametrize("B,T,HQ,H,gate,h0", CASES)
+def test_chunk_matches_reference(B, T, HQ, H, gate, h0):
+    inputs, state = make(B, T, HQ, H, **SMALL, gate=gate, h0=h0)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
+
+
+def test_chunk_tied_write_weights_mild():
+    inputs, state = make(1, 100, 4, 2, **SMALL, gate="mild", tied=True)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
+
+
+@pytest.mark.parametrize("split", [64, 70])
+def test_state_chaining(split):
+    inputs, state = make(1, 130, 4, 2, **SMALL)
+    inputs = {n: t.to(DEV) for n, t in inputs.items()}
+    state = tuple(t.to(DEV) for t in state)
+    o, (fk, fv) = tc.chunk_gsa_triton(**inputs, initial_state=state, output_final_state=True)
+    o1, mid = tc.chunk_gsa_triton(**{n: t[:, :split] for n, t in inputs.items()}, initial_state=state,
+                                  output_final_state=True)
+    o2, (lk, lv) = tc.chunk_gsa_triton(**{n: t[:, split:] for n, t in inputs.items()}, initial_state=mid,
+                                       output_final_state=True)
+    assert rel(torch.cat([o1, o2], 1), o) < FP32_TOL
+    assert rel(lk, fk) < FP32_TOL and rel(lv, fv) < FP32_TOL
+
+
+def _separate(bounds):
+    def run(q, k, v, s, g, initial_state, output_final_state):
+        outs, ks, vs = [], [], []
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            h = None if initial_state is None else tuple(t[i:i + 1] for t in initial_state)
+            o, (fk, fv) = naive(*(t[:, a:b] for t in (q, k, v, s, g)), initial_state=h)
+            outs.append(o)
+            ks.append(fk)
+            vs.append(fv)
+        return torch.cat(outs, 1), (torch.cat(ks), torch.cat(vs))
+    return run
+
+
+def test_packed_sequences():
+    bounds = [0, 7, 71, 130]
+    inputs, state = make(1, 130, 4, 2, **SMALL, n_state=3)
+    cu = torch.tensor(bounds, device=DEV)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state, cu_seqlens=cu),
+          fwd_bwd(_separate(bounds), inputs, state), FP32_TOL)
+
+
+@pytest.mark.parametrize("T,cu", [(1, None), (3, None), (9, [0, 2, 9])])
+def test_recurrent_matches_reference(T, cu):
+    n = 2 if cu is None else len(cu) - 1
+    B = 2 if cu is None else 1
+    inputs, state = make(B, T, 4, 2, **SMALL, n_state=n)
+    dev_in = {k: t.to(DEV) for k, t in inputs.items()}
+    dev_state = tuple(t.to(DEV) for t in state)
+    with torch.no_grad():
+        if cu is None:
+            o, (fk, fv) = tr.fused_recurrent_gsa_triton(**dev_in, initial_state=dev_state, output_final_state=True)
+            ro, (rk, rv) = naive(**dev_in, initial_state=dev_state)
+        else:
+            o, (fk, fv) = tr.fused_recurrent_gsa_triton(**dev_in, initial_state=dev_state, output_final_state=True,
+                                                        cu_seqlens=torch.tensor(cu, device=DEV))
+            ro, (rk, rv) = _separate(cu)(*dev_in.values(), dev_state, True)
+    for a, b in ((o, ro), (fk, rk), (fv, rv)):
+        assert rel(a, b) < 1e-4
+
+
+# ---------------------------------------------------------------- GPU only: real shapes, bf16
+gpu = pytest.mark.skipif(not CUDA, reason="real shapes and bf16 need the GPU")
+REAL = [  # (B, T, HQ, H, K, V, M)
+    (2, 300, 8, 2, 128, 128, 64),
+    (2, 200, 9, 3, 64, 64, 64),
+]
+
+
+@gpu
+@pytest.mark.parametrize("shape", REAL)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_real_shapes(shape, dtype):
+    B, T, HQ, H, K, V, M = shape
+    inputs, state = make(B, T, HQ, H, K, V, M)
+    ref = fwd_bwd(naive, {n: t.to(dtype).float() for n, t in inputs.items()}, state)
+    out = fwd_bwd(tc.chunk_gsa_triton, inputs, state, dtype=dtype)
+    check(out, ref, BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+@gpu
+def test_gpu_packed_bf16():
+    bounds = [0, 100, 164, 400]
+    inputs, state = make(1, 400, 8, 2, 128, 128, 64, n_state=3)
+    inputs = {n: t.to(torch.bfloat16).float() for n, t in inputs.items()}
+    cu = torch.tensor(bounds, device=DEV)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state, dtype=torch.bfloat16, cu_seqlens=cu),
+          fwd_bwd(_separate(bounds), inputs, state), BF16_TOL)
+
+
+@gpu
+def test_gpu_recurrent_bf16():
+    inputs, state = make(4, 2, 32, 8, 128, 128, 64)
+    dev_in = {k: t.to(DEV, torch.bfloat16) for k, t in inputs.items()}
+    dev_state = tuple(t.to(DEV) for t in state)
+    with torch.no_grad():
+        o, (fk, fv) = tr.fused_recurrent_gsa_triton(**dev_in, initial_state=dev_state, output_final_state=True)
+        ro, (rk, rv) = naive(**dev_in, initial_state=dev_state)
+    assert rel(o, ro) < 1e-2 and rel(fk, rk) < 1e-4 and rel(fv, rv) < 1e-4
+
+
+@gpu
+def test_gpu_public_dispatch():
+    """t2r.ops.gsa on CUDA tensors runs the Triton kernels (chunk with grad, recurrent without)."""
+    from t2r.ops.gsa import gsa
+    inputs, state = make(2, 130, 8, 2, 64, 64, 64)
+    check(fwd_bwd(gsa, inputs, state), fwd_bwd(tc.chunk_gsa_triton, inputs, state), 1e-5)
+    dev_in = {k: t[:, :1].to(DEV) for k, t in inputs.items()}
+    dev_state = tuple(t.to(DEV) for t in state)
+    with torch.no_grad():
+        o, (fk, fv) = gsa(**dev_in, initial_state=dev_state, output_final_state=True)
+        ro, (rk, rv) = naive(**dev_in, initial_state=dev_state)
+    assert rel(o, ro) < 1e-4 and rel(fk, rk) < 1e-4 and rel(fv, rv) < 1e-4
+
+
+@gpu
+def test_gpu_tiny_dims():
+    """Direct calls with head/slot dims below 64 run on 64-wide tiles (see triton_chunk._tile)."""
+    inputs, state = make(1, 70, 4, 2, K=16, V=32, M=16)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
