@@ -4,7 +4,11 @@ The environment variable ``T2R_OPS_BACKEND`` overrides the automatic choice:
 
 * ``triton``: always use the Triton kernels (fails loudly if they cannot run),
 * ``torch``: always use the PyTorch chunkwise/recurrent forms,
-* ``auto`` or unset: Triton only when the tensors live on CUDA and triton imports.
+* ``auto`` or unset: Triton only when the tensors live on CUDA, triton imports, and the first
+  tensor (the queries) is bf16 or fp16. fp32 inputs take the PyTorch forms: Triton computes fp32
+  dots in tf32, and through a whole converted model that gave weight gradients 2e-2 away from the
+  fp32 PyTorch forms on an H100 (exact fp32 through the CPU interpreter agrees to 1e-6), so fp32
+  stays the exact path. Force ``triton`` to run the kernels in fp32 anyway.
 """
 import functools
 import os
@@ -36,4 +40,5 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     if choice != "auto":
         return choice == "triton"
     on_cuda = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
-    return bool(tensors) and on_cuda and _triton_importable()
+    half = bool(tensors) and tensors[0].dtype in (torch.bfloat16, torch.float16)
+    return half and on_cuda and _triton_importable()

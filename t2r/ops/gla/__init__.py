@@ -3,6 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..backend import use_triton
 from ..utils import map_over_sequences, prefer_recurrent
 from .chunk import check_gla_inputs, chunk_gated_linear_attention, chunk_gla
 from .naive import naive_recurrent_gla
@@ -45,6 +46,11 @@ def gla(
     """
     T = check_gla_inputs("gla", q, k, v, g, initial_state, cu_seqlens)[1]
     # Backend dispatch: Triton kernels plug in here (see t2r.ops.backend.use_triton).
+    if use_triton(q, k, v, g, initial_state):
+        from . import triton_chunk, triton_recurrent  # lazy: CPU-only installs never import triton
+        kern = triton_recurrent.fused_recurrent_gla_triton if prefer_recurrent(T, q, k, v, g, initial_state) \
+            else triton_chunk.chunk_gla_triton
+        return kern(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
     if prefer_recurrent(T, q, k, v, g, initial_state):
         def step(q, k, v, g, initial_state, output_final_state):
             return naive_recurrent_gla(q, k, v, g, scale, initial_state, output_final_state)

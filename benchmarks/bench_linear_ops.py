@@ -1,0 +1,210 @@
+"""Time t2r's Triton linear-attention kernels against SDPA (flash) and fla, bf16, on one GPU.
+
+    python benchmarks/bench_linear_ops.py            # full tables, writes benchmarks/results/linear_ops_<device>.md
+    python benchmarks/bench_linear_ops.py --quick    # Mistral shape only
+    python benchmarks/bench_linear_ops.py --sweep    # also time (num_warps, num_stages) per kernel
+
+Forward and forward+backward medians from triton.testing.do_bench (CUDA events).
+Shapes: Mistral-7B layer (B=4, T=4096, HQ=32, H=8, D=128), SmolLM2-135M (B=32, T=2048, HQ=9,
+H=3, D=64), a T-scaling table at 32K tokens, and one decode step at batch 64.
+fla (if importable) runs without GQA (k, v, g repeated to HQ heads), as its chunk kernels need.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from t2r.ops.gla import triton_chunk as tc  # noqa: E402
+from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
+from t2r.ops.gla.triton_recurrent import (fused_recurrent_gla_triton,  # noqa: E402
+                                          fused_recurrent_simple_gla_triton)
+from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
+
+try:
+    from fla.ops.gla import chunk_gla as fla_chunk_gla
+    from fla.ops.simple_gla import chunk_simple_gla as fla_chunk_simple_gla
+except Exception as e:  # noqa: BLE001
+    print(f"fla not importable ({type(e).__name__}: {e}); fla columns skipped")
+    fla_chunk_gla = fla_chunk_simple_gla = None
+
+DEV = "cuda"
+DT = torch.bfloat16
+
+
+def bench(fn, warmup=25, rep=100):
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def inputs(B, T, HQ, H, D, scalar, heads_for_kv=None):
+    Hk = heads_for_kv or H
+    q = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+    k = torch.randn(B, T, Hk, D, device=DEV, dtype=DT)
+    v = torch.randn(B, T, Hk, D, device=DEV, dtype=DT)
+    gshape = (B, T, Hk) if scalar else (B, T, Hk, D)
+    g = (F.logsigmoid(torch.randn(gshape, device=DEV)) / 16).to(DT)
+    return [t.requires_grad_(True) for t in (q, k, v, g)]
+
+
+def time_op(fn, args, do):
+    def fwd():
+        with torch.no_grad():
+            fn(*args)
+
+    def fwdbwd():
+        o = fn(*args)
+        o = o[0] if isinstance(o, tuple) else o
+        torch.autograd.grad(o, [a for a in args if a.requires_grad], do)
+
+    t0 = time.time()
+    fwdbwd()
+    torch.cuda.synchronize()
+    first = time.time() - t0
+    return bench(fwd), bench(fwdbwd), first
+
+
+def sdpa_fn(q, k, v):
+    # [B,T,H,D] -> [B,H,T,D]
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True, enable_gqa=True)
+    return o.transpose(1, 2)
+
+
+def row_set(B, T, HQ, H, D, with_fla=True):
+    rows = []
+    G = HQ // H
+    do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+    # ours
+    a = inputs(B, T, HQ, H, D, scalar=True)
+    rows.append(("t2r simple_gla (GQA)",) + time_op(lambda *x: chunk_simple_gla_triton(*x), a, do))
+    a = inputs(B, T, HQ, H, D, scalar=False)
+    rows.append(("t2r gla (GQA)",) + time_op(lambda *x: chunk_gla_triton(*x), a, do))
+    q, k, v, _ = a
+    rows.append(("SDPA causal flash (GQA)",) + time_op(sdpa_fn, [q, k, v], do))
+    del a, q, k, v
+    if with_fla and fla_chunk_gla is not None:
+        a = inputs(B, T, HQ, H, D, scalar=False, heads_for_kv=HQ)
+        try:
+            rows.append((f"fla chunk_gla ({HQ} heads)",) + time_op(lambda *x: fla_chunk_gla(*x), a, do))
+        except Exception as e:  # noqa: BLE001
+            rows.append((f"fla chunk_gla: {type(e).__name__}", float("nan"), float("nan"), 0.))
+        a = inputs(B, T, HQ, H, D, scalar=True, heads_for_kv=HQ)
+        try:
+            rows.append((f"fla chunk_simple_gla ({HQ} heads)",) + time_op(lambda *x: fla_chunk_simple_gla(*x), a, do))
+        except Exception as e:  # noqa: BLE001
+            msg = str(e).split("\n")[0][:60]
+            rows.append((f"fla chunk_simple_gla refuses: {msg}", float("nan"), float("nan"), 0.))
+        del a
+    torch.cuda.empty_cache()
+    return rows
+
+
+def fmt_table(title, rows):
+    out = [f"### {title}", "", "| op | forward ms | forward+backward ms | first call s |", "|---|---|---|---|"]
+    for name, f, fb, first in rows:
+        out.append(f"| {name} | {f:.3f} | {fb:.3f} | {first:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def decode_rows(B=64, HQ=32, H=8, D=128):
+    rows = []
+    q = torch.randn(B, 1, HQ, D, device=DEV, dtype=DT)
+    k = torch.randn(B, 1, H, D, device=DEV, dtype=DT)
+    v = torch.randn(B, 1, H, D, device=DEV, dtype=DT)
+    gv = (F.logsigmoid(torch.randn(B, 1, H, D, device=DEV)) / 16)
+    gs = gv[..., 0].contiguous()
+    s0 = torch.randn(B, H, D, D, device=DEV)
+    fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True)
+    t = bench(lambda: fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True))
+    rows.append(("t2r recurrent gla step (fp32 state 32 MiB)", t))
+    t = bench(lambda: fused_recurrent_simple_gla_triton(q, k, v, gs, initial_state=s0, output_final_state=True))
+    rows.append(("t2r recurrent simple_gla step", t))
+    del s0
+    for L in (2048, 8192, 32768):
+        kc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
+        vc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
+        qt = q.transpose(1, 2)
+        t = bench(lambda: F.scaled_dot_product_attention(qt, kc, vc, enable_gqa=True))
+        rows.append((f"SDPA over KV cache {L // 1024}K ({2 * kc.numel() * 2 / 2**30:.1f} GiB)", t))
+        del kc, vc
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep(B=4, T=4096, HQ=32, H=8, D=128):
+    """Time each kernel's (num_warps, num_stages) choices at the Mistral shape (fwd+bwd)."""
+    options = [(4, 2), (8, 2), (4, 3)]
+    lines = ["### config sweep (fwd+bwd ms, Mistral shape; one kernel varied at a time)", ""]
+    do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+    for scalar, name, fn in ((True, "simple_gla", chunk_simple_gla_triton), (False, "gla", chunk_gla_triton)):
+        a = inputs(B, T, HQ, H, D, scalar=scalar)
+        base = dict(tc.CONFIGS)
+        for kern in base:
+            res = []
+            for opt in options:
+                tc.CONFIGS[kern] = opt
+                try:
+                    _, fb, _ = time_op(lambda *x: fn(*x), a, do)
+                except Exception as e:  # noqa: BLE001
+                    fb = float("nan")
+                    print(name, kern, opt, "failed:", type(e).__name__, str(e)[:100])
+                res.append(f"{opt}: {fb:.3f}")
+            tc.CONFIGS.clear()
+            tc.CONFIGS.update(base)
+            lines.append(f"- {name} {kern}: " + ", ".join(res))
+        if not scalar:
+            res = []
+            for bk in (64, 128):
+                tc.DQK_BK["gla"] = bk
+                _, fb, _ = time_op(lambda *x: fn(*x), a, do)
+                res.append(f"BK={bk}: {fb:.3f}")
+            tc.DQK_BK["gla"] = 128
+            lines.append("- gla bwd_dqk block K: " + ", ".join(res))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name()
+    cmd = "python " + " ".join(sys.argv)
+    parts = [f"# Linear-attention ops on {dev}", "",
+             f"torch {torch.__version__}, triton {triton.__version__}; command: `{cmd}`; bf16, "
+             "do_bench median; gates logsigmoid(randn)/16; fla without GQA (kv repeated).", ""]
+    with_fla = not args.no_fla
+    parts.append(fmt_table("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128", row_set(4, 4096, 32, 8, 128, with_fla)))
+    print(parts[-1], flush=True)
+    if not args.quick:
+        parts.append(fmt_table("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64", row_set(32, 2048, 9, 3, 64, with_fla)))
+        print(parts[-1], flush=True)
+        for B, T in ((16, 2048), (4, 8192), (1, 32768)):
+            parts.append(fmt_table(f"T scaling at 32K tokens, Mistral heads: B={B}, T={T}",
+                                   row_set(B, T, 32, 8, 128, with_fla=False)))
+            print(parts[-1], flush=True)
+        drows = decode_rows()
+        lines = ["### Decode: one token, batch 64, HQ=32, H=8, D=128", "", "| op | ms |", "|---|---|"]
+        lines += [f"| {n} | {t:.3f} |" for n, t in drows]
+        parts.append("\n".join(lines) + "\n")
+        print(parts[-1], flush=True)
+    if args.sweep:
+        parts.append(sweep())
+        print(parts[-1], flush=True)
+    text = "\n".join(parts)
+    out = args.out or os.path.join(os.path.dirname(__file__), "results",
+                                   "linear_ops_" + dev.replace(" ", "_").replace("/", "_") + ".md")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

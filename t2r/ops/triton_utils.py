@@ -1,0 +1,131 @@
+"""Shared pieces of the Triton linear-attention kernels (GLA, simple GLA).
+
+* ``prepare_chunks``: chunk bookkeeping for packed variable-length batches.
+* ``reverse_cumsum``: the last step of every gate gradient, dg_t = sum_{s >= t} dG_s,
+  per sequence, with an optional carry (the final-state term) added to every step.
+* ``triton_configs``: the pinned (num_warps, num_stages) of every kernel, one place to
+  change them (the benchmark sweeps them; the GPU tests check whatever is shipped).
+
+Gates enter the kernels in log2 space (g * 1/ln 2, then exp2).
+"""
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting"]
+
+RCP_LN2 = 1.4426950408889634  # 1 / ln 2
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(int(n))
+
+
+def is_interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def patch_interpreter() -> None:
+    """Make Triton 3.6's CPU interpreter work with NumPy >= 2.4.
+
+    The interpreter turns a scalar tensor into a loop bound with ``int(handle.data)``, and
+    NumPy 2.4 refuses ``int()`` of a 1-element 1-d array; read the element instead.
+    Idempotent; a no-op unless TRITON_INTERPRET=1.
+    """
+    if not is_interpreting():
+        return
+    from triton.runtime import interpreter
+    if getattr(interpreter._patch_lang_tensor, "_t2r_patched", False):
+        return
+    import numpy as np
+    orig = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._t2r_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+patch_interpreter()
+
+
+def prepare_chunks(
+    B: int, T: int, BT: int, cu_seqlens: Optional[torch.Tensor]
+) -> Tuple[int, int, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Return (N, NT_total, chunk_indices, chunk_offsets).
+
+    Without cu_seqlens: N = B sequences of T steps, NT_total = B * cdiv(T, BT), no tables.
+    With cu_seqlens [N+1]: chunk_indices [NT_total, 2] int32 = (sequence, chunk within it),
+    chunk_offsets [N+1] int32 = index of each sequence's first chunk. Chunks are numbered
+    sequence by sequence, so a chunk's global number is also its slot in the state buffer.
+    """
+    if cu_seqlens is None:
+        return B, B * triton.cdiv(T, BT), None, None
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    nchunks = (cu[1:] - cu[:-1] + BT - 1) // BT
+    offsets = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    offsets[1:] = torch.cumsum(nchunks, 0)
+    total = int(offsets[-1].item())
+    seq = torch.repeat_interleave(torch.arange(N, device=cu.device), nchunks, output_size=total)
+    local = torch.arange(total, device=cu.device) - offsets[seq]
+    indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
+    return N, total, indices, offsets.to(torch.int32).contiguous()
+
+
+@triton.jit
+def _reverse_cumsum_kernel(
+    x, y, carry, cu_seqlens, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    HAS_CARRY: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    # x, y: [total_T, H, D] (D = 1 for scalar gates); one program per (D-block, seq*H + h).
+    i_d, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+    else:
+        bos = (i_n * T).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    if HAS_CARRY:
+        b_c = tl.load(carry + i_nh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+    else:
+        b_c = tl.zeros([BD], dtype=tl.float32)
+    NT = tl.cdiv(T, BT)
+    for i in range(NT):
+        i_t = NT - 1 - i
+        p_x = tl.make_block_ptr(x + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
+        p_y = tl.make_block_ptr(y + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
+        b_x = tl.load(p_x, boundary_check=(0, 1)).to(tl.float32)
+        b_y = tl.cumsum(b_x, axis=0, reverse=True) + b_c[None, :]
+        tl.store(p_y, b_y.to(p_y.dtype.element_ty), boundary_check=(0, 1))
+        b_c += tl.sum(b_x, axis=0)
+
+
+def reverse_cumsum(x: torch.Tensor, out_dtype: torch.dtype, carry: Optional[torch.Tensor] = None,
+                   cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y_t = carry + sum_{s >= t, same sequence} x_s along time.
+
+    x: [B, T, H] or [B, T, H, D] fp32; carry: [N, H] or [N, H, D] (N sequences) or None.
+    """
+    scalar = x.dim() == 3
+    B, T, H = x.shape[:3]
+    D = 1 if scalar else x.shape[3]
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BD = min(64, max(16, next_pow2(D)))   # no size-1 block dims (scalar gates: D = 1, masked)
+    grid = (triton.cdiv(D, BD), N * H)
+    _reverse_cumsum_kernel[grid](
+        x, y, carry.contiguous() if carry is not None else x, cu_seqlens, T,
+        H=H, D=D, BT=64, BD=BD, HAS_CARRY=carry is not None, IS_VARLEN=cu_seqlens is not None,
+        num_warps=4,
+    )
+    return y
