@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"convert": run_convert, "generate": run_generate}
     try:
         return handlers[args.command](args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
         print(f"t2r {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -68,10 +68,14 @@ def resolve(spec: str) -> tuple[str, dict]:
     if spec == SMOLLM2:
         spec = str(smollm2_gguf())
     if spec.endswith(".gguf"):
-        path = Path(spec)
+        path = Path(spec).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"GGUF file not found: {spec}")
         return str(path.parent), {"gguf_file": path.name}
+    if spec.startswith(("/", ".", "~")) and not Path(spec).expanduser().exists():
+        raise FileNotFoundError(
+            f"model directory not found: {spec} (pass a hub id, a local directory, a .gguf file or '{SMOLLM2}')"
+        )
     return spec, {}
 
 

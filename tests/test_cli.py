@@ -44,3 +44,6 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, capsys):
     code = main(["convert", "--model", str(tmp_path / "missing.gguf"), "--to", "gla", "--out", str(tmp_path / "o")])
     assert code == 2
     assert "GGUF file not found" in capsys.readouterr().err
+    code = main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "w5", "--device", "cpu"])
+    assert code == 2
+    assert "model directory not found" in capsys.readouterr().err

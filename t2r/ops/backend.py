@@ -12,6 +12,7 @@ The environment variable ``T2R_OPS_BACKEND`` overrides the automatic choice:
 """
 import functools
 import os
+import warnings
 
 import torch
 
@@ -21,11 +22,23 @@ BACKEND_ENV = "T2R_OPS_BACKEND"
 _CHOICES = ("auto", "triton", "torch")
 
 
+SUPPORTED_TRITON = ((3, 6), (3, 9))
+"""[low, high) triton versions the kernels run on: block pointers are gone from 3.9."""
+
+
 @functools.lru_cache(maxsize=1)
 def _triton_importable() -> bool:
+    """triton imports and is a version the kernels support (else the PyTorch forms run, with a warning)."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
+        return False
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    if not SUPPORTED_TRITON[0] <= version < SUPPORTED_TRITON[1]:
+        warnings.warn(
+            f"triton {triton.__version__} is outside the supported range {SUPPORTED_TRITON}: t2r uses its "
+            "PyTorch ops instead of its kernels (pip install 'triton>=3.6,<3.9')", stacklevel=3,
+        )
         return False
     return True
 
