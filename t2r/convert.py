@@ -157,6 +157,7 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, **options) -> P
         converted = causal_lm_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=param.dtype)
     if getattr(model, "generation_config", None) is not None:
         converted.generation_config = model.generation_config
+    converted.config.name_or_path = model.config.name_or_path  # provenance: which source it came from
     return converted.to(param.device).train(model.training)
 
 
