@@ -1,37 +1,23 @@
 """Triton forgetting attention vs the PyTorch reference: outputs and grads of q, k, v, g.
 
-Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before
-triton is imported), fp32/fp16 at small shapes with tiny blocks so that every case spans
+Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py
+before triton is imported), fp32/fp16 at small shapes with tiny blocks so that every case spans
 several blocks with ragged ends.  On a GPU the same cases run at real block sizes and
 bf16 / fp16, plus every shipped config (``T2R_FOX_GPU_FULL=1`` adds the large shapes).
 """
 import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-# The interpreter must be on before triton is first imported (triton.language's own jit
-# helpers, tl.zeros and co., are wrapped at that moment).  A conftest should set it; if an
-# earlier test module imported triton without it, these tests cannot run here.
-_LATE = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != "1"
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from triton_support import CUDA, INTERPRET, require_triton
+from triton_support import DEV as DEVICE
 
-triton = pytest.importorskip("triton")
+require_triton()
 
 from t2r.ops.fox import triton_parallel as tp  # noqa: E402
 from t2r.ops.fox.naive import naive_forgetting_attention  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-if not CUDA and not INTERPRET:
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
-if not CUDA and _LATE:
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; set it in a conftest "
-                "(or run this file alone)", allow_module_level=True)
 
 
 def _fix_interpreter_index():

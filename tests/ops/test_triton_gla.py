@@ -1,43 +1,53 @@
-"""Triton GLA kernels (chunkwise fwd/bwd, recurrent step) vs the naive recurrence.
+"""Triton GLA and simple-GLA (retention) kernels (chunkwise fwd/bwd, recurrent step) vs the naive
+recurrence; every shared test runs for both ops through the `op` fixture.
 
-Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before
-triton is imported) on fp32 at small shapes; the interpreter computes bf16 dots wrongly,
+Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py
+before triton is imported) on fp32 at small shapes; the interpreter computes bf16 dots wrongly,
 so bf16 runs only on the GPU, where the same cases also run at real sizes.
 """
-import importlib
-import os
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
+from triton_support import DEV, INTERPRET, require_triton
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-if not CUDA and not INTERPRET:
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+require_triton()
 
-
-def _fresh(name):
-    """Import (or re-import, if it was decorated before TRITON_INTERPRET was set) a kernel module."""
-    mod = sys.modules.get(name)
-    return importlib.reload(mod) if (mod is not None and INTERPRET) else importlib.import_module(name)
-
-
-_fresh("t2r.ops.triton_utils")
-tc = _fresh("t2r.ops.gla.triton_chunk")
-tr = _fresh("t2r.ops.gla.triton_recurrent")
+from t2r.ops.gla import triton_chunk as tc  # noqa: E402
+from t2r.ops.gla import triton_recurrent as tr  # noqa: E402
 from t2r.ops.gla.naive import naive_recurrent_gla  # noqa: E402
+from t2r.ops.simple_gla import triton_chunk as sc  # noqa: E402
+from t2r.ops.simple_gla.naive import naive_recurrent_simple_gla  # noqa: E402
 
-DEV = "cuda" if CUDA else "cpu"
-SCALAR = False
-chunk_fn = tc.chunk_gla_triton
-recurrent_fn = tr.fused_recurrent_gla_triton
-naive_fn = naive_recurrent_gla
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    chunk: Callable
+    recurrent: Callable
+    naive: Callable
+    scalar: bool  # one gate per head and step (simple GLA) instead of one per key channel (GLA)
+
+
+OPS = {
+    "gla": Op("gla", tc.chunk_gla_triton, tr.fused_recurrent_gla_triton, naive_recurrent_gla, False),
+    "simple_gla": Op("simple_gla", sc.chunk_simple_gla_triton, tr.fused_recurrent_simple_gla_triton,
+                     naive_recurrent_simple_gla, True),
+}
+
+
+@pytest.fixture(params=list(OPS))
+def op(request, monkeypatch):
+    spec = OPS[request.param]
+    if spec.scalar and INTERPRET:
+        # The interpreter runs the scalar-gate kernels at every size (on the GPU small head dims
+        # take the GLA path, see t2r/ops/simple_gla/triton_chunk.py).
+        monkeypatch.setattr(sc, "_scalar_kernel_ok", lambda q, v: sc.SCALAR_KERNEL)
+    return spec
 
 
 def gate(shape, kind, gen):
@@ -49,12 +59,12 @@ def gate(shape, kind, gen):
     return (-8 + x).clamp(max=-4)  # strong: forgets almost everything every step
 
 
-def make(B, T, HQ, H, K, V, kind="moderate", seed=0, h0=True):
+def make(op, B, T, HQ, H, K, V, kind="moderate", seed=0, h0=True):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, HQ, K, generator=gen)
     k = torch.randn(B, T, H, K, generator=gen)
     v = torch.randn(B, T, H, V, generator=gen)
-    g = gate((B, T, H) if SCALAR else (B, T, H, K), kind, gen)
+    g = gate((B, T, H) if op.scalar else (B, T, H, K), kind, gen)
     s0 = torch.randn(B, H, K, V, generator=gen) if h0 else None
     do = torch.randn(B, T, HQ, V, generator=gen)
     dht = torch.randn(B, H, K, V, generator=gen)
@@ -112,99 +122,115 @@ if not INTERPRET:
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind", ["mild", "moderate", "strong"])
-def test_chunk_fp32(shape, kind):
-    d = make(*shape, kind=kind)
-    check(run(chunk_fn, d, torch.float32), run(naive_fn, d, torch.float32), TOL32, kind == "strong")
+def test_chunk_fp32(op, shape, kind):
+    d = make(op, *shape, kind=kind)
+    check(run(op.chunk, d, torch.float32), run(op.naive, d, torch.float32), TOL32, kind == "strong")
 
 
 @pytest.mark.skipif(INTERPRET, reason="the interpreter computes bf16 dots wrongly")
 @pytest.mark.parametrize("shape", SHAPES)
-def test_chunk_bf16(shape):
-    d = make(*shape, kind="moderate")
-    check(run(chunk_fn, d, torch.bfloat16), run(naive_fn, d, torch.float32), 2.5e-2)
+def test_chunk_bf16(op, shape):
+    d = make(op, *shape, kind="moderate")
+    check(run(op.chunk, d, torch.bfloat16), run(op.naive, d, torch.float32), 2.5e-2)
 
 
-def test_no_initial_state_and_no_final_grad():
-    d = make(1, 90, 2, 1, 32, 32, h0=False)
+def test_no_initial_state_and_no_final_grad(op):
+    d = make(op, 1, 90, 2, 1, 32, 32, h0=False)
     q, k, v, g = (d[n].to(DEV).requires_grad_(True) for n in "qkvg")
-    o, ht = chunk_fn(q, k, v, g)
+    o, ht = op.chunk(q, k, v, g)
     assert ht is None
     o.float().mul(d["do"].to(DEV)).sum().backward()
     q2, k2, v2, g2 = (d[n].to(DEV).requires_grad_(True) for n in "qkvg")
-    o2, _ = naive_fn(q2, k2, v2, g2)
+    o2, _ = op.naive(q2, k2, v2, g2)
     o2.mul(d["do"].to(DEV)).sum().backward()
     for a, b in [(o, o2), (q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad), (g.grad, g2.grad)]:
         assert rel(a, b) < TOL32
 
 
-def test_state_chaining():
-    d = make(1, 130, 2, 2, 32, 32)
+def test_state_chaining(op):
+    d = make(op, 1, 130, 2, 2, 32, 32)
     dev = {n: d[n].to(DEV) for n in ("q", "k", "v", "g", "h0")}
-    o, ht = chunk_fn(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
+    o, ht = op.chunk(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
     cut = 70
     part = lambda t, a, b: t[:, a:b]  # noqa: E731
-    o1, h1 = chunk_fn(*(part(dev[n], 0, cut) for n in "qkvg"), initial_state=dev["h0"], output_final_state=True)
-    o2, h2 = chunk_fn(*(part(dev[n], cut, None) for n in "qkvg"), initial_state=h1, output_final_state=True)
+    o1, h1 = op.chunk(*(part(dev[n], 0, cut) for n in "qkvg"), initial_state=dev["h0"], output_final_state=True)
+    o2, h2 = op.chunk(*(part(dev[n], cut, None) for n in "qkvg"), initial_state=h1, output_final_state=True)
     assert rel(torch.cat([o1, o2], 1), o) < TOL32
     assert rel(h2, ht) < TOL32
 
 
 @pytest.mark.parametrize("lens", [[30, 70, 1, 64], [129]])
-def test_varlen_equals_separate_runs(lens):
+def test_varlen_equals_separate_runs(op, lens):
     T = sum(lens)
-    d = make(1, T, 4, 2, 32, 32)
+    d = make(op, 1, T, 4, 2, 32, 32)
     N = len(lens)
     gen = torch.Generator().manual_seed(3)
     d["h0"] = torch.randn(N, 2, 32, 32, generator=gen)
     d["dht"] = torch.randn(N, 2, 32, 32, generator=gen)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
-    out = run(chunk_fn, d, torch.float32, cu_seqlens=cu)
+    out = run(op.chunk, d, torch.float32, cu_seqlens=cu)
     refs = []
     for i in range(N):
         a, b = int(cu[i]), int(cu[i + 1])
         di = {n: d[n][:, a:b] for n in ("q", "k", "v", "g", "do")}
         di["h0"], di["dht"] = d["h0"][i:i + 1], d["dht"][i:i + 1]
-        refs.append(run(naive_fn, di, torch.float32))
+        refs.append(run(op.naive, di, torch.float32))
     ref = {key: torch.cat([r[key] for r in refs], 0 if key in ("ht", "dh0") else 1) for key in refs[0]}
     check(out, ref, TOL32)
 
 
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("dims", [(3, 1, 32, 16), (4, 2, 64, 64)])
-def test_recurrent_step(T, dims):
+def test_recurrent_step(op, T, dims):
     HQ, H, K, V = dims
-    d = make(5, T, HQ, H, K, V)
+    d = make(op, 5, T, HQ, H, K, V)
     dev = {n: d[n].to(DEV) for n in ("q", "k", "v", "g", "h0")}
-    o, ht = recurrent_fn(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
-    o2, ht2 = naive_fn(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
+    o, ht = op.recurrent(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
+    o2, ht2 = op.naive(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
     assert rel(o, o2) < 1e-5 and rel(ht, ht2) < 1e-5
     # packed sequences: same as separate runs
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=DEV)
     pack = lambda t: t[:2].reshape(1, 2 * T, *t.shape[2:])  # noqa: E731
-    o3, ht3 = recurrent_fn(*(pack(dev[n]) for n in "qkvg"), initial_state=dev["h0"][:2],
+    o3, ht3 = op.recurrent(*(pack(dev[n]) for n in "qkvg"), initial_state=dev["h0"][:2],
                            output_final_state=True, cu_seqlens=cu)
     assert rel(o3, pack(o2)) < 1e-5 and rel(ht3, ht2[:2]) < 1e-5
 
 
 @pytest.mark.skipif(INTERPRET, reason="GPU only")
-def test_recurrent_step_bf16():
-    d = make(64, 1, 32, 8, 128, 128)
+def test_recurrent_step_bf16(op):
+    d = make(op, 64, 1, 32, 8, 128, 128)
     dev = {n: d[n].to(DEV) for n in ("q", "k", "v", "g", "h0")}
     qkv = [dev[n].bfloat16() for n in "qkv"]
-    o, ht = recurrent_fn(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
-    o2, ht2 = naive_fn(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
+    o, ht = op.recurrent(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
+    o2, ht2 = op.naive(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
     assert o.dtype == torch.bfloat16 and rel(o, o2) < 1e-2 and rel(ht, ht2) < 1e-5
 
 
 @pytest.mark.skipif(INTERPRET, reason="GPU config check")
+@pytest.mark.parametrize("op", ["gla"], indirect=True)
 @pytest.mark.parametrize("bk", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dqk_block_k_configs(bk, dtype):
+def test_dqk_block_k_configs(op, bk, dtype):
     """Both K-blocks of the dq/dk kernel are gradient-checked on the GPU (Triton 3.6 Hopper bugs)."""
     old = tc.DQK_BK["gla"]
     tc.DQK_BK["gla"] = bk
     try:
-        d = make(2, 600, 8, 2, 128, 128, kind="moderate")
-        check(run(chunk_fn, d, dtype), run(naive_fn, d, torch.float32), TOL32 if dtype == torch.float32 else 2.5e-2)
+        d = make(op, 2, 600, 8, 2, 128, 128, kind="moderate")
+        check(run(op.chunk, d, dtype), run(op.naive, d, torch.float32), TOL32 if dtype == torch.float32 else 2.5e-2)
     finally:
         tc.DQK_BK["gla"] = old
+
+
+@pytest.mark.skipif(INTERPRET, reason="GPU check of the fallback path")
+@pytest.mark.parametrize("op", ["simple_gla"], indirect=True)
+@pytest.mark.parametrize("shape", SHAPES[:3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fallback_through_gla_kernels(op, shape, dtype):
+    mod = sys.modules[op.chunk.__module__]
+    mod.SCALAR_KERNEL = False
+    try:
+        d = make(op, *shape, kind="moderate")
+        check(run(op.chunk, d, dtype), run(op.naive, d, torch.float32),
+              TOL32 if dtype == torch.float32 else 2.5e-2)
+    finally:
+        mod.SCALAR_KERNEL = True

@@ -1,41 +1,23 @@
 """Triton GSA kernels (chunkwise fwd/bwd, recurrent decode) vs the naive recurrence.
 
-Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before
-triton is imported) on fp32 at small shapes; the interpreter computes bf16 dots wrongly,
+Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py
+before triton is imported) on fp32 at small shapes; the interpreter computes bf16 dots wrongly,
 so bf16 runs only on the GPU, where the same cases also run at real sizes.
 Write weights s are drawn independently of g (with s = 1 - exp(g) and strong decays every
 slot holds the same key and dq is rounding noise), plus one mild case with s = 1 - exp(g).
 """
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
+from triton_support import CUDA, DEV, require_triton
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-if not CUDA and not INTERPRET:
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+require_triton()
 
-
-def _fresh(name):
-    """Import (or re-import, if it was decorated before TRITON_INTERPRET was set) a kernel module."""
-    mod = sys.modules.get(name)
-    return importlib.reload(mod) if (mod is not None and INTERPRET) else importlib.import_module(name)
-
-
-_fresh("t2r.ops.triton_utils")
-tc = _fresh("t2r.ops.gsa.triton_chunk")
-tr = _fresh("t2r.ops.gsa.triton_recurrent")
+from t2r.ops.gsa import triton_chunk as tc  # noqa: E402
+from t2r.ops.gsa import triton_recurrent as tr  # noqa: E402
 from t2r.ops.gsa.naive import naive_recurrent_gsa  # noqa: E402
 
-DEV = "cuda" if CUDA else "cpu"
 FP32_TOL = 1e-2 if CUDA else 1e-4      # tf32 dots on the GPU (seen: 2e-3 to 4e-3 at D64-128)
 BF16_TOL = 3e-2
 
