@@ -16,6 +16,7 @@ from transformers.utils import logging as hf_logging
 
 from t2r.layers import MIXERS, MixerOptions
 from t2r.models import ARCHITECTURES
+from t2r.models.cache import generation_memory
 from t2r.models.configuration import T2RConfigMixin
 
 _DROPPED_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "quantization_config", "auto_map")
@@ -101,13 +102,21 @@ class ConversionReport:
     num_layers: int
     source_parameters: int
     added_parameters: int
+    state_bytes: int
+    """Generation cache per sequence that does not grow (recurrent states)."""
+    cache_bytes_per_token: int
+    """Generation cache per sequence and token (K/V of softmax and FoX layers), in the model's dtype."""
+    source_cache_bytes_per_token: int
 
     def __str__(self) -> str:
         share = 100 * self.added_parameters / max(self.source_parameters, 1)
         return (
             f"{self.model_type}: {len(self.converted_layers)}/{self.num_layers} layers -> {self.target} "
             f"(layers {compact_ranges(self.converted_layers)})\n"
-            f"parameters: source {self.source_parameters:,}, added {self.added_parameters:,} ({share:.3f}%)"
+            f"parameters: source {self.source_parameters:,}, added {self.added_parameters:,} ({share:.3f}%)\n"
+            f"generation cache per sequence: {self.state_bytes / 2**20:,.2f} MiB fixed"
+            f" + {self.cache_bytes_per_token / 2**10:,.1f} KiB per token"
+            f" (source: {self.source_cache_bytes_per_token / 2**10:,.1f} KiB per token)"
         )
 
 
@@ -164,6 +173,9 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, **options) -> P
 def conversion_report(source: PreTrainedModel, converted: PreTrainedModel) -> ConversionReport:
     mixers = converted.config.t2r_mixers
     targets = sorted(set(mixers) - {"softmax"})
+    element_size = next(converted.parameters()).element_size()
+    state_bytes, per_token = generation_memory(converted.config, element_size)
+    source_per_token = generation_memory(source.config, element_size)[1]
     return ConversionReport(
         model_type=source.config.model_type,
         target="+".join(targets),
@@ -171,4 +183,7 @@ def conversion_report(source: PreTrainedModel, converted: PreTrainedModel) -> Co
         num_layers=len(mixers),
         source_parameters=count_parameters(source),
         added_parameters=count_parameters(converted) - count_parameters(source),
+        state_bytes=state_bytes,
+        cache_bytes_per_token=per_token,
+        source_cache_bytes_per_token=source_per_token,
     )

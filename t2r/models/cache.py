@@ -94,6 +94,28 @@ class GatedKVLayer(DynamicLayer):
             self.gates = self.gates[..., : self.keys.shape[-2]]
 
 
+def generation_memory(config, element_size: int = 2) -> tuple[int, int]:
+    """(fixed bytes, bytes per token) that `T2RCache` holds for one sequence of a model with `config`
+    (of a converted model, or of a source model, whose layers are all softmax).
+
+    Recurrent layers hold fp32 states of fixed size (GSA: K~ [H,K,M] and V~ [H,M,V]; GLA and RetNet:
+    S [H,K,V]); softmax and FoX layers hold K/V of `element_size` bytes per token (FoX adds its fp32 gates).
+    Sliding-window layers are counted as full K/V (an upper bound past the window).
+    """
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    mixers = getattr(config, "t2r_mixers", None) or ["softmax"] * config.num_hidden_layers  # a source model
+    fixed = per_token = 0
+    for mixer in mixers:
+        if mixer == "gsa":
+            fixed += 2 * kv_heads * head_dim * config.t2r_options["gsa"]["num_slots"] * 4
+        elif mixer in ("gla", "retnet"):
+            fixed += kv_heads * head_dim * head_dim * 4
+        else:
+            per_token += 2 * kv_heads * head_dim * element_size + (heads * 4 if mixer == "fox" else 0)
+    return fixed, per_token
+
+
 class T2RCache(Cache):
     """One cache layer per decoder layer, chosen by the layer's mixer (see `T2RConfigMixin.t2r_mixers`)."""
 

@@ -96,3 +96,26 @@ def test_generate_matches_a_manual_greedy_loop():
             next_token = model(expected).logits[:, -1].argmax(-1, keepdim=True)
             expected = torch.cat([expected, next_token], 1)
     assert torch.equal(greedy(model, ids, n=6), expected)
+
+
+def test_reported_cache_memory_matches_the_cache(target):
+    from t2r.models.cache import generation_memory
+
+    model = converted("llama", target, layers=[0, 2])
+    with torch.no_grad():
+        caches = [model(torch.randint(3, 97, (1, n)), use_cache=True).past_key_values for n in (5, 12)]
+
+    def nbytes(cache):
+        total = 0
+        for layer in cache.layers:
+            tensors = [getattr(layer, name, None) for name in ("keys", "values", "gates")]
+            tensors += list(getattr(layer, "recurrent_states", {}).values())
+            total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        return total
+
+    fixed, per_token = generation_memory(model.config, element_size=4)
+    assert nbytes(caches[0]) == fixed + 5 * per_token
+    assert nbytes(caches[1]) == fixed + 12 * per_token
+    report = t2r.conversion_report(tiny_source("llama"), model)
+    assert (report.state_bytes, report.cache_bytes_per_token) == (fixed, per_token)
+    assert report.source_cache_bytes_per_token == 3 * 2 * 2 * 16 * 4  # layers x (K, V) x kv heads x head dim x fp32
