@@ -119,3 +119,11 @@ def test_reported_cache_memory_matches_the_cache(target):
     report = t2r.conversion_report(tiny_source("llama"), model)
     assert (report.state_bytes, report.cache_bytes_per_token) == (fixed, per_token)
     assert report.source_cache_bytes_per_token == 3 * 2 * 2 * 16 * 4  # layers x (K, V) x kv heads x head dim x fp32
+
+
+def test_beam_search_with_the_recurrent_cache_equals_recomputing(target):
+    """Beam search reorders the cached states (reorder_cache); recomputing from scratch needs no cache."""
+    model = converted("mistral", target)
+    ids = torch.randint(3, 97, (2, 6))
+    kwargs = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs))
