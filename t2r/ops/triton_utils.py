@@ -111,21 +111,24 @@ def _reverse_cumsum_kernel(
 
 
 def reverse_cumsum(x: torch.Tensor, out_dtype: torch.dtype, carry: Optional[torch.Tensor] = None,
-                   cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   cu_seqlens: Optional[torch.Tensor] = None, block_d: Optional[int] = None,
+                   num_warps: int = 4, num_stages: Optional[int] = None) -> torch.Tensor:
     """y_t = carry + sum_{s >= t, same sequence} x_s along time.
 
     x: [B, T, H] or [B, T, H, D] fp32; carry: [N, H] or [N, H, D] (N sequences) or None.
+    `block_d` / `num_warps` / `num_stages` let a caller pin its launch config (GSA uses 16 / 2 / 3:
+    more, smaller programs).
     """
     scalar = x.dim() == 3
     B, T, H = x.shape[:3]
     D = 1 if scalar else x.shape[3]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BD = min(64, max(16, next_pow2(D)))   # no size-1 block dims (scalar gates: D = 1, masked)
+    BD = block_d or min(64, max(16, next_pow2(D)))   # no size-1 block dims (scalar gates: D = 1, masked)
     grid = (triton.cdiv(D, BD), N * H)
+    launch = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
     _reverse_cumsum_kernel[grid](
         x, y, carry.contiguous() if carry is not None else x, cu_seqlens, T,
-        H=H, D=D, BT=64, BD=BD, HAS_CARRY=carry is not None, IS_VARLEN=cu_seqlens is not None,
-        num_warps=4,
+        H=H, D=D, BT=64, BD=BD, HAS_CARRY=carry is not None, IS_VARLEN=cu_seqlens is not None, **launch,
     )
     return y

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2, is_interpreting, next_pow2, prepare_chunks
+from ..triton_utils import RCP_LN2, is_interpreting, next_pow2, prepare_chunks, reverse_cumsum
 
 __all__ = ["chunk_gsa_triton", "CONFIGS"]
 
@@ -527,47 +527,6 @@ def _bwd_dvs_kernel(
 
 
 # --------------------------------------------------------------------------------------
-# gate gradient: reverse cumsum over each sequence plus the final-state carry
-# --------------------------------------------------------------------------------------
-@triton.jit
-def _revcumsum_kernel(x, y, carry, cu_seqlens, T, H: tl.constexpr, M: tl.constexpr,
-                      BT: tl.constexpr, BD: tl.constexpr, HAS_CARRY: tl.constexpr, IS_VARLEN: tl.constexpr):
-    i_d, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-    else:
-        bos = (i_n * T).to(tl.int64)
-    o_d = i_d * BD + tl.arange(0, BD)
-    if HAS_CARRY:
-        b_c = tl.load(carry + i_nh * M + o_d, mask=o_d < M, other=0.).to(tl.float32)
-    else:
-        b_c = tl.zeros([BD], dtype=tl.float32)
-    NT = tl.cdiv(T, BT)
-    for i in range(NT):
-        i_t = NT - 1 - i
-        p_x = tl.make_block_ptr(x + (bos * H + i_h) * M, (T, M), (H * M, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
-        p_y = tl.make_block_ptr(y + (bos * H + i_h) * M, (T, M), (H * M, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
-        b_x = tl.load(p_x, boundary_check=(0, 1)).to(tl.float32)
-        tl.store(p_y, (tl.cumsum(b_x, axis=0, reverse=True) + b_c[None, :]).to(p_y.dtype.element_ty),
-                 boundary_check=(0, 1))
-        b_c += tl.sum(b_x, axis=0)
-
-
-def _reverse_cumsum(x, out_dtype, carry, cu_seqlens):
-    B, T, H, M = x.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    BD = min(16, next_pow2(M))
-    _revcumsum_kernel[(triton.cdiv(M, BD), N * H)](
-        x, y, carry.contiguous() if carry is not None else x, cu_seqlens, T, H=H, M=M, BT=64, BD=BD,
-        HAS_CARRY=carry is not None, IS_VARLEN=cu_seqlens is not None, num_warps=2, num_stages=3)
-    return y
-
-
-# --------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------
 def _tile(D: int) -> int:
@@ -661,7 +620,8 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     carry = None
     if use_dht:
         carry = (htk * dhtk.float()).sum(2) + (htv * dhtv.float()).sum(3)      # [N, H, M]
-    dg = _reverse_cumsum(dB, g.dtype, carry, cu_seqlens)
+    dg = reverse_cumsum(dB, g.dtype, carry, cu_seqlens,
+                        block_d=min(16, next_pow2(dB.shape[-1])), num_warps=2, num_stages=3)
     return dq, dk, dv, ds, dg, dh0k, dh0v
 
 
