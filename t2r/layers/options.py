@@ -16,15 +16,18 @@ class MixerOptions:
 
     Defaults follow the T2R setting of the GSA paper (sec. 4.2): ReLU feature maps for GLA and RetNet,
     no Swish output gate; GSA keeps its softmax over slots and the Swish feature map of eq. 9.
-    RoPE is kept on q/k for every target (applied after the feature map): the pretrained q/k projections
-    were trained to produce rotated dot products, so keeping it keeps every q.k score of the source
-    model at conversion time; data-dependent gates add recency but not relative position.
+    RoPE: dropped for GSA, GLA and RetNet, as in the paper's converted models (their decays carry
+    position), and because it measured farther from the source at conversion for GLA and RetNet
+    (SmolLM2, `benchmarks/conversion_distance.py`: KL 6.45 nats/token without RoPE vs 8.72 with;
+    GSA 5.36 either way).
+    Kept for FoX, which is softmax attention with a forget gate: with RoPE it starts as the source model.
+    When kept, RoPE is applied after the feature map.
     """
 
     feature_map: str | None = None
     """Map applied to q and k before the mixer: identity | relu | swish | elu1."""
-    rope: bool = True
-    """Apply the source model's rotary embedding to q and k."""
+    rope: bool | None = None
+    """Apply the source model's rotary embedding to q and k (default: FoX only, see above)."""
     output_norm: bool | None = None
     """Per-head RMS normalisation of the mixer output (no learnable weight): needed by unnormalised
     linear attention (GLA, RetNet; SUPRA's finding), not by GSA or FoX whose outputs are averages of v."""
@@ -41,10 +44,10 @@ class MixerOptions:
     @staticmethod
     def defaults(target: str) -> dict:
         return {
-            "gsa": dict(feature_map="swish", output_norm=False, gate_logit_normalizer=8.0),
-            "gla": dict(feature_map="relu", output_norm=True, gate_logit_normalizer=16.0),
-            "retnet": dict(feature_map="relu", output_norm=True),
-            "fox": dict(feature_map="identity", output_norm=False),
+            "gsa": dict(feature_map="swish", rope=False, output_norm=False, gate_logit_normalizer=8.0),
+            "gla": dict(feature_map="relu", rope=False, output_norm=True, gate_logit_normalizer=16.0),
+            "retnet": dict(feature_map="relu", rope=False, output_norm=True),
+            "fox": dict(feature_map="identity", rope=True, output_norm=False),
         }[target]
 
     @classmethod
