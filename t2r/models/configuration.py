@@ -59,6 +59,7 @@ class T2RConfigMixin:
 @strict
 class T2RLlamaConfig(LlamaConfig, T2RConfigMixin):
     model_type = "t2r_llama"
+    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 
     def __post_init__(self, **kwargs):
         self._fill_t2r_fields()
@@ -68,6 +69,7 @@ class T2RLlamaConfig(LlamaConfig, T2RConfigMixin):
 @strict
 class T2RMistralConfig(MistralConfig, T2RConfigMixin):
     model_type = "t2r_mistral"
+    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 
     def __post_init__(self, **kwargs):
         self._fill_t2r_fields()
@@ -77,6 +79,7 @@ class T2RMistralConfig(MistralConfig, T2RConfigMixin):
 @strict
 class T2RQwen2Config(Qwen2Config, T2RConfigMixin):
     model_type = "t2r_qwen2"
+    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 
     def __post_init__(self, **kwargs):
         self._fill_t2r_fields()

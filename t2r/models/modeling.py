@@ -41,7 +41,6 @@ class T2RModelMixin:
     _is_stateful = True  # generate() then refuses assisted decoding, which would need state rollback
     _can_compile_fullgraph = False
     _supports_flash_attn = False  # recurrent layers take the 2D padding mask, not varlen flash kwargs
-    base_model_tp_plan = None  # mixers reshape by head count: q/k/v sharding is not supported yet
 
     def __init__(self, config):
         super().__init__(config)
