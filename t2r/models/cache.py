@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
+from t2r.layers import MIXER_CLASSES, RECURRENT_MIXERS
+
 
 class RecurrentStateLayer(LinearAttentionLayer):
     """One recurrent layer's state: `number_of_states` fp32 tensors of fixed size, whatever the length."""
@@ -125,10 +127,8 @@ class T2RCache(Cache):
     def __init__(self, config, **kwargs):
         layers = []
         for mixer, layer_type in zip(config.t2r_mixers, config.layer_types):
-            if mixer in ("gsa",):
-                layers.append(RecurrentStateLayer(number_of_states=2))
-            elif mixer in ("gla", "retnet"):
-                layers.append(RecurrentStateLayer(number_of_states=1))
+            if mixer in RECURRENT_MIXERS:
+                layers.append(RecurrentStateLayer(number_of_states=MIXER_CLASSES[mixer].num_states))
             elif mixer == "fox":
                 layers.append(GatedKVLayer())
             elif layer_type == "sliding_attention" and getattr(config, "sliding_window", None):
