@@ -79,29 +79,62 @@ def prepare_chunks(
 
 
 @triton.jit
+def _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(sequence, segment within it, bos, T of the sequence, global index of its first segment)."""
+    if IS_VARLEN:
+        i_n = tl.load(seg_indices + i_sg * 2)
+        i_s = tl.load(seg_indices + i_sg * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        first = i_sg - i_s
+    else:
+        i_n, i_s = i_b, i_sg
+        bos = (i_b * T).to(tl.int64)
+        first = i_b * tl.cdiv(T, SEG)
+    return i_n, i_s, bos, T, first
+
+
+@triton.jit
+def _segment_sum_kernel(
+    x, seg_sum, cu_seqlens, seg_indices, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, SEG: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    # seg_sum[segment, h, d] = sum of x over the segment's SEG rows; one program per (D-block, segment, h).
+    i_d, i_sg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_s, bos, T, first = _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
+    o_d = i_d * BD + tl.arange(0, BD)
+    b_acc = tl.zeros([BD], dtype=tl.float32)
+    for i_t in range(i_s * (SEG // BT), tl.minimum(tl.cdiv(T, BT), (i_s + 1) * (SEG // BT))):
+        p_x = tl.make_block_ptr(x + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
+        b_acc += tl.sum(tl.load(p_x, boundary_check=(0, 1)).to(tl.float32), axis=0)
+    tl.store(seg_sum + ((first + i_s) * H + i_h) * D + o_d, b_acc, mask=o_d < D)
+
+
+@triton.jit
 def _reverse_cumsum_kernel(
-    x, y, carry, cu_seqlens, T,
-    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    x, y, seg_sum, carry, cu_seqlens, seg_indices, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, SEG: tl.constexpr,
     HAS_CARRY: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    # x, y: [total_T, H, D] (D = 1 for scalar gates); one program per (D-block, seq*H + h).
-    i_d, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-    else:
-        bos = (i_n * T).to(tl.int64)
+    # x, y: [total_T, H, D] (D = 1 for scalar gates); one program per (D-block, segment, h):
+    # y = carry + (sums of the sequence's later segments) + reverse cumsum inside the segment.
+    i_d, i_sg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_s, bos, T, first = _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     if HAS_CARRY:
-        b_c = tl.load(carry + i_nh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+        b_c = tl.load(carry + (i_n * H + i_h) * D + o_d, mask=m_d, other=0.).to(tl.float32)
     else:
         b_c = tl.zeros([BD], dtype=tl.float32)
-    NT = tl.cdiv(T, BT)
-    for i in range(NT):
-        i_t = NT - 1 - i
+    for j in range(i_s + 1, tl.cdiv(T, SEG)):
+        b_c += tl.load(seg_sum + ((first + j) * H + i_h) * D + o_d, mask=m_d, other=0.)
+    c_lo = i_s * (SEG // BT)
+    NC = tl.minimum(tl.cdiv(T, BT), c_lo + SEG // BT) - c_lo
+    for i in range(NC):
+        i_t = c_lo + NC - 1 - i
         p_x = tl.make_block_ptr(x + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
         p_y = tl.make_block_ptr(y + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
         b_x = tl.load(p_x, boundary_check=(0, 1)).to(tl.float32)
@@ -112,23 +145,32 @@ def _reverse_cumsum_kernel(
 
 def reverse_cumsum(x: torch.Tensor, out_dtype: torch.dtype, carry: Optional[torch.Tensor] = None,
                    cu_seqlens: Optional[torch.Tensor] = None, block_d: Optional[int] = None,
-                   num_warps: int = 4, num_stages: Optional[int] = None) -> torch.Tensor:
+                   num_warps: int = 4, num_stages: Optional[int] = None, segment: int = 512) -> torch.Tensor:
     """y_t = carry + sum_{s >= t, same sequence} x_s along time.
 
     x: [B, T, H] or [B, T, H, D] fp32; carry: [N, H] or [N, H, D] (N sequences) or None.
+    Parallel over segments of `segment` steps (a multiple of 64): one launch sums each segment,
+    a second adds the later segments' sums to a reverse cumsum inside each segment, so a long
+    sequence is not one sequential scan.
     `block_d` / `num_warps` / `num_stages` let a caller pin its launch config (GSA uses 16 / 2 / 3:
     more, smaller programs).
     """
+    BT = 64
+    assert segment % BT == 0, "segment must be a multiple of 64"
     scalar = x.dim() == 3
     B, T, H = x.shape[:3]
     D = 1 if scalar else x.shape[3]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    N, NS, seg_indices, _ = prepare_chunks(B, T, segment, cu_seqlens)
+    seg_sum = torch.empty(NS, H, D, dtype=torch.float32, device=x.device)
     BD = block_d or min(64, max(16, next_pow2(D)))   # no size-1 block dims (scalar gates: D = 1, masked)
-    grid = (triton.cdiv(D, BD), N * H)
+    varlen = cu_seqlens is not None
+    grid = (triton.cdiv(D, BD), NS if varlen else triton.cdiv(T, segment), H if varlen else B * H)
     launch = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    _segment_sum_kernel[grid](x, seg_sum, cu_seqlens, seg_indices, T, H=H, D=D, BT=BT, BD=BD, SEG=segment,
+                              IS_VARLEN=varlen, **launch)
     _reverse_cumsum_kernel[grid](
-        x, y, carry.contiguous() if carry is not None else x, cu_seqlens, T,
-        H=H, D=D, BT=64, BD=BD, HAS_CARRY=carry is not None, IS_VARLEN=cu_seqlens is not None, **launch,
+        x, y, seg_sum, carry.contiguous() if carry is not None else x, cu_seqlens, seg_indices, T,
+        H=H, D=D, BT=BT, BD=BD, SEG=segment, HAS_CARRY=carry is not None, IS_VARLEN=varlen, **launch,
     )
     return y

@@ -31,7 +31,9 @@ def rel(a, b):
 def make(B, T, HQ, H, K, V, M, gate="moderate", seed=0, h0=True, tied=False, n_state=None):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, H, M, generator=gen)
-    g = F.logsigmoid(2 * x) if gate == "moderate" else F.logsigmoid(x) / 8
+    # mild (the layer's gates) takes the kernels' one-anchor path; strong (~ -3.3 nats per step,
+    # > 69 nats per chunk) the per-block path; moderate mixes both across chunks and slots
+    g = {"moderate": F.logsigmoid(2 * x), "mild": F.logsigmoid(x) / 8, "strong": F.logsigmoid(x) - 3}[gate]
     s = 1 - g.exp() if tied else torch.rand(B, T, H, M, generator=gen) * 2
     inputs = dict(q=torch.randn(B, T, HQ, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
                   v=torch.randn(B, T, H, V, generator=gen), s=s, g=g)
@@ -70,11 +72,16 @@ def naive(q, k, v, s, g, initial_state=None, output_final_state=True, scale=None
 DG_BF16_TOL = 5e-2
 
 
-def check(out, ref, tol):
+def check(out, ref, tol, dg_scale=None):
+    """Relative errors within tol; with dg_scale, dg's error is judged against that norm instead
+    (strong gates: dg = reverse cumsum of (z dz + p dp - s ds), whose terms nearly cancel, so
+    tf32's rounding of the terms shows as a large error relative to the small dg)."""
     assert out.keys() == ref.keys()
     for n in ref:
         assert torch.isfinite(out[n]).all(), f"{n}: non-finite"
         err = rel(out[n], ref[n])
+        if n == "dg" and dg_scale is not None:
+            err = (out[n] - ref[n]).double().norm().item() / dg_scale
         limit = DG_BF16_TOL if n == "dg" and tol == BF16_TOL else tol
         assert err <= limit, f"{n}: relative error {err:.2e} > {limit:.0e}"
 
@@ -86,13 +93,16 @@ CASES = [  # (B, T, HQ, H, gate, h0)
     (1, 1, 4, 2, "moderate", True),
     (2, 70, 4, 2, "moderate", True),
     (1, 130, 2, 2, "mild", False),
+    (2, 100, 4, 2, "strong", True),
 ]
 
 
 @pytest.mark.parametrize("B,T,HQ,H,gate,h0", CASES)
 def test_chunk_matches_reference(B, T, HQ, H, gate, h0):
     inputs, state = make(B, T, HQ, H, **SMALL, gate=gate, h0=h0)
-    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
+    ref = fwd_bwd(naive, inputs, state)
+    dg_scale = (inputs["s"] * ref["ds"].cpu()).double().norm().item() if gate == "strong" else None
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), ref, FP32_TOL, dg_scale)
 
 
 def test_chunk_tied_write_weights_mild():
@@ -196,16 +206,18 @@ def test_gpu_recurrent_bf16():
 
 @gpu
 def test_gpu_public_dispatch():
-    """t2r.ops.gsa on CUDA tensors runs the Triton kernels (chunk with grad, recurrent without)."""
+    """t2r.ops.gsa on bf16 CUDA tensors runs the Triton kernels (chunk with grad, recurrent without);
+    fp32 takes the PyTorch forms (t2r.ops.backend)."""
     from t2r.ops.gsa import gsa
     inputs, state = make(2, 130, 8, 2, 64, 64, 64)
-    check(fwd_bwd(gsa, inputs, state), fwd_bwd(tc.chunk_gsa_triton, inputs, state), 1e-5)
-    dev_in = {k: t[:, :1].to(DEV) for k, t in inputs.items()}
+    bf16 = torch.bfloat16
+    check(fwd_bwd(gsa, inputs, state, dtype=bf16), fwd_bwd(tc.chunk_gsa_triton, inputs, state, dtype=bf16), 0.0)
+    dev_in = {k: t[:, :1].to(DEV, bf16) for k, t in inputs.items()}
     dev_state = tuple(t.to(DEV) for t in state)
     with torch.no_grad():
         o, (fk, fv) = gsa(**dev_in, initial_state=dev_state, output_final_state=True)
-        ro, (rk, rv) = naive(**dev_in, initial_state=dev_state)
-    assert rel(o, ro) < 1e-4 and rel(fk, rk) < 1e-4 and rel(fv, rv) < 1e-4
+        ko, (kk, kv) = tr.fused_recurrent_gsa_triton(**dev_in, initial_state=dev_state, output_final_state=True)
+    assert torch.equal(o, ko) and torch.equal(fk, kk) and torch.equal(fv, kv)
 
 
 @gpu

@@ -17,13 +17,20 @@ Kernels (one launch each):
 GQA: states live on kv heads; the query heads of a group are looped over inside the
 CTA wherever a result is summed over the group (dh, dv, dk, dg); k/v are never repeated.
 
-Per-channel decay (GLA) inside a chunk: A is built on tensor cores by anchoring the
-exponents at the middle row a of each BS-row sub-block:
-    A[rows of s] = (q * 2^(b - b_a)) @ (k * 2^(b_a - b))^T  over keys j <= end of s,
-so that each factor stays within BS/2 steps of decay. Exact while no channel decays by
-more than ~87 nats over BS/2 = 8 consecutive steps (mean log-gate >= -10 per step);
-beyond that the factors are clamped (finite, but the diagonal entries lose accuracy).
-Scalar decay (simple GLA) uses the exact BT x BT decay matrix.
+Per-channel decay (GLA) inside a chunk: A is built on tensor cores by splitting each decay
+factor at an anchor row a: 2^(b_i - b_j) = 2^(b_i - b_a) * 2^(b_a - b_j).
+  * One anchor (the chunk's middle row) when the gate cumsum of the chunk spreads over at most
+    2^100 (log-gate sum over the 64 steps >= -69 nats, e.g. -1 nat per step): then
+        A = (q * 2^(b - b_a)) @ (k * 2^(b_a - b))^T
+    is one product, with every factor inside fp32 range. Trained GLA gates (logsigmoid / 16)
+    always take this path.
+  * Otherwise one anchor per BS-row sub-block s (its middle row), over keys j <= end of s:
+        A[rows of s] = (q * 2^(b - b_a)) @ (k * 2^(b_a - b))^T,
+    so each factor spans at most BS/2 steps. Exact while no channel decays by more than
+    ~87 nats over BS/2 = 8 consecutive steps (mean log-gate >= -10 per step); beyond that the
+    factors are clamped (finite, but the diagonal entries lose accuracy).
+The choice is made per chunk (and K-block) inside the kernel. Scalar decay (simple GLA) uses
+the exact BT x BT decay matrix.
 
 The transposed products that backward needs (A^T, dA^T) are computed as their own dots
 from loaded operands instead of tl.trans of an accumulator: Triton 3.6 miscompiles
@@ -42,6 +49,9 @@ __all__ = ["chunk_gla_triton", "chunk_linear_attn_triton", "CONFIGS"]
 BT_DEFAULT = 64
 _LOG2E = tl.constexpr(RCP_LN2)
 _CLAMP = tl.constexpr(120.0)
+# Largest log2 spread of the gate cumsum inside a chunk for which one anchor is used (factors up
+# to 2^100 leave 2^28 of fp32 headroom for the dot's sum); past it, the 16-row sub-block path.
+_ONE_ANCHOR_SPAN = tl.constexpr(100.0)
 
 # Pinned launch configs: kernel -> (num_warps, num_stages). The benchmark may override
 # these to sweep; the GPU tests gradient-check whatever is shipped here.
@@ -66,6 +76,22 @@ def _scalar_gate(g, bos, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """The [BT] scalar log gates of chunk i_t, in log2 units (plain masked load, no block ptr)."""
     o_t = i_t * BT + tl.arange(0, BT)
     return tl.load(g + (bos + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32) * _LOG2E
+
+
+@triton.jit
+def _one_anchor(b):
+    """True when one anchor (the chunk's middle row) keeps every factor 2^(b_i - b_a), 2^(b_a - b_j)
+    of this [BT, BK] tile of log2 gate cumsums within 2^+-ONE_ANCHOR_SPAN: then the intra-chunk
+    matrix is a single tensor-core product instead of one per sub-block."""
+    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
+    return span <= _ONE_ANCHOR_SPAN
+
+
+@triton.jit
+def _anchored(b, BT: tl.constexpr):
+    """(2^(b - b_a), 2^(b_a - b)) with a = BT // 2, for the single-anchor path."""
+    b_ba = tl.sum(tl.where((tl.arange(0, BT) == BT // 2)[:, None], b, 0.), axis=0)
+    return tl.exp2(tl.minimum(b - b_ba[None, :], _CLAMP)), tl.exp2(tl.minimum(b_ba[None, :] - b, _CLAMP))
 
 
 # --------------------------------------------------------------------------------------
@@ -169,13 +195,17 @@ def _fwd_o_kernel(
             p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
             b_b = tl.cumsum(tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E, axis=0)
             b_o += tl.dot((b_qs * tl.exp2(b_b)).to(b_q.dtype), b_h)
-            for s in tl.static_range(BT // BS):
-                b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
-                m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
-                m_k = o_i < s * BS + BS
-                b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
-                b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
-                b_A += tl.dot(b_qa.to(b_q.dtype), tl.trans(b_ka.to(b_k.dtype)))
+            if _one_anchor(b_b):
+                e_q, e_k = _anchored(b_b, BT)
+                b_A += tl.dot((b_qs * e_q).to(b_q.dtype), tl.trans((b_k * e_k).to(b_k.dtype)))
+            else:
+                for s in tl.static_range(BT // BS):
+                    b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
+                    m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
+                    m_k = o_i < s * BS + BS
+                    b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
+                    b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
+                    b_A += tl.dot(b_qa.to(b_q.dtype), tl.trans(b_ka.to(b_k.dtype)))
     if SCALAR:
         b_A = tl.where(m_s, b_A * tl.exp2(b_b[:, None] - b_b[None, :]), 0.)
     else:
@@ -307,13 +337,17 @@ def _bwd_dv_kernel(
             else:
                 p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
                 b_b = tl.cumsum(tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E, axis=0)
-                for s in tl.static_range(BT // BS):
-                    b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
-                    m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
-                    m_k = o_i < s * BS + BS
-                    b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
-                    b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
-                    b_At += tl.dot(b_ka.to(b_k.dtype), tl.trans(b_qa.to(b_q.dtype)))
+                if _one_anchor(b_b):
+                    e_q, e_k = _anchored(b_b, BT)
+                    b_At += tl.dot((b_k * e_k).to(b_k.dtype), tl.trans((b_qs * e_q).to(b_q.dtype)))
+                else:
+                    for s in tl.static_range(BT // BS):
+                        b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
+                        m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
+                        m_k = o_i < s * BS + BS
+                        b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
+                        b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
+                        b_At += tl.dot(b_ka.to(b_k.dtype), tl.trans(b_qa.to(b_q.dtype)))
         if SCALAR:
             b_At = tl.where(m_t, b_At * tl.exp2(b_b[None, :] - b_b[:, None]), 0.)
         else:
@@ -369,6 +403,10 @@ def _bwd_dqk_kernel(
         b_b = tl.cumsum(b_g, axis=0)
         b_gl = tl.sum(b_g, axis=0)
         b_dG = tl.zeros([BT, BK], dtype=tl.float32)
+        # single-anchor factors, shared by the group's query heads (used when one_anchor)
+        one_anchor = _one_anchor(b_b)
+        e_q1, e_k1 = _anchored(b_b, BT)
+        b_ka1 = (b_k * e_k1).to(b_k.dtype)
 
     # inter-chunk part of dk: (v @ dh_c^T) * 2^(b_last - b)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
@@ -413,18 +451,22 @@ def _bwd_dqk_kernel(
             b_dq *= tl.exp2(b_b)
             b_dA = tl.where(m_s, b_dA, 0.)
             b_dAt = tl.where(m_t, b_dAt, 0.)
-            for s in tl.static_range(BT // BS):
-                b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
-                m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
-                m_k = o_i < s * BS + BS
-                e_q = tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP))
-                e_k = tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP))
-                b_ka = tl.where(m_k[:, None], b_k * e_k, 0.)
-                b_qa = tl.where(m_q[:, None], b_qs * e_q, 0.)
-                b_dqs = tl.dot(tl.where(m_q[:, None], b_dA, 0.).to(b_k.dtype), b_ka.to(b_k.dtype))
-                b_dq += tl.where(m_q[:, None], b_dqs * e_q, 0.)
-                b_dks = tl.dot(tl.where(m_q[None, :], b_dAt, 0.).to(b_q.dtype), b_qa.to(b_q.dtype))
-                b_dk += tl.where(m_k[:, None], b_dks * e_k, 0.)
+            if one_anchor:
+                b_dq += tl.dot(b_dA.to(b_k.dtype), b_ka1) * e_q1
+                b_dk += tl.dot(b_dAt.to(b_q.dtype), (b_qs * e_q1).to(b_q.dtype)) * e_k1
+            else:
+                for s in tl.static_range(BT // BS):
+                    b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
+                    m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
+                    m_k = o_i < s * BS + BS
+                    e_q = tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP))
+                    e_k = tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP))
+                    b_ka = tl.where(m_k[:, None], b_k * e_k, 0.)
+                    b_qa = tl.where(m_q[:, None], b_qs * e_q, 0.)
+                    b_dqs = tl.dot(tl.where(m_q[:, None], b_dA, 0.).to(b_k.dtype), b_ka.to(b_k.dtype))
+                    b_dq += tl.where(m_q[:, None], b_dqs * e_q, 0.)
+                    b_dks = tl.dot(tl.where(m_q[None, :], b_dAt, 0.).to(b_q.dtype), b_qa.to(b_q.dtype))
+                    b_dk += tl.where(m_k[:, None], b_dks * e_k, 0.)
             b_dq *= scale
             b_dG += b_q.to(tl.float32) * b_dq
         b_dq += b_dAd[:, None] * b_k.to(tl.float32) * scale

@@ -11,12 +11,16 @@ memories K0 [K, M], V0 [M, V] entering the chunk:
     K1 = K0 * 2^b_last + k^T (s * 2^(b_last - b)),    V1 = 2^b_last * V0 + (s * 2^(b_last - b))^T v
 
 with mix(X, s)_i[m] = sum_{j<=i} X_ij s_j[m] 2^(b_i[m]-b_j[m]). The per-slot decay factor
-2^(b_i - b_j) is put on tensor cores by anchoring the exponents at the middle row a of
-each BS = 16-row block of rows i: 2^(b_i - b_a) * 2^(b_a - b_j); for keys j before the
-block the second factor is <= 1, so each factor spans at most BS/2 steps of decay.
-Exact while no slot decays by more than ~70 nats over 8 consecutive steps (mean log
-gate >= -8.5 per step; the GSA layer's logsigmoid(x)/8 gates are far inside that);
-beyond it the factors are clamped (finite, inaccurate).
+2^(b_i - b_j) is put on tensor cores by splitting it at an anchor row a:
+2^(b_i - b_a) * 2^(b_a - b_j).
+  * One anchor, the chunk's middle row, when the chunk's gate cumsum spreads over at most
+    2^100 (every slot loses <= 69 nats over the chunk's 64 steps): each mix is one product.
+    The GSA layer's logsigmoid(x)/8 gates always take this path.
+  * Otherwise the middle row of each BS = 16-row block of rows i; for keys j before the
+    block the second factor is <= 1, so each factor spans at most BS/2 steps of decay.
+    Exact while no slot decays by more than ~70 nats over 8 consecutive steps (mean log
+    gate >= -8.5 per step); beyond it the factors are clamped (finite, inaccurate).
+The path is chosen per chunk inside the kernels.
 
 Kernels (one launch each):
   fwd: _fwd_h    slot memories entering every chunk (sequential over chunks), final state
@@ -55,6 +59,8 @@ BT = 64
 BS = 16
 _LOG2E = tl.constexpr(RCP_LN2)
 _CLAMP = tl.constexpr(100.0)
+# Largest log2 spread of the gate cumsum in a chunk for which one anchor is used (see _block_rows).
+_ONE_ANCHOR_SPAN = tl.constexpr(100.0)
 # fp32 inputs: tensor-core dots in tf32 (default) or exact fp32 FMA ("ieee").
 _PREC = tl.constexpr(os.environ.get("T2R_GSA_FP32_DOT", "tf32"))
 
@@ -149,36 +155,77 @@ def _gate_cumsum(g, bos, i_t, T, i_h, H: tl.constexpr, M: tl.constexpr, BT: tl.c
 
 
 @triton.jit
-def _row_anchor(b, I: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr):
-    """b at the anchor (middle) row of row block I: [BM]."""
-    o_i = tl.arange(0, BT)
-    return tl.sum(tl.where((o_i == I * BS + BS // 2)[:, None], b, 0.), axis=0)
+def _block_rows(b, BT: tl.constexpr, BS: tl.constexpr):
+    """Rows per anchor block for this chunk: all BT when a single anchor row keeps every factor
+    2^(b_i - b_a), 2^(b_a - b_j) within 2^+-_ONE_ANCHOR_SPAN (each mix below is then one product),
+    else BS. Trained GSA gates (logsigmoid / 8) always give BT."""
+    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
+    return tl.where(span <= _ONE_ANCHOR_SPAN, BT, BS)
 
 
 @triton.jit
-def _anchor_factor(b, BT: tl.constexpr, BS: tl.constexpr):
-    """F_i = 2^(b_i - b_a(i)) with a(i) the anchor row of i's block: [BT, BM]."""
+def _row_anchor(b, I, bs, BT: tl.constexpr):
+    """b at the anchor (middle) row of row block I of bs rows: [BM]."""
     o_i = tl.arange(0, BT)
+    return tl.sum(tl.where((o_i == I * bs + bs // 2)[:, None], b, 0.), axis=0)
+
+
+@triton.jit
+def _in_block(I, bs, BT: tl.constexpr):
+    o_i = tl.arange(0, BT)
+    return ((o_i >= I * bs) & (o_i < I * bs + bs))[:, None]
+
+
+@triton.jit
+def _anchor_factor(b, bs, BT: tl.constexpr):
+    """F_i = 2^(b_i - b_a(i)) with a(i) the anchor row of i's block: [BT, BM]."""
     b_anc = tl.zeros_like(b)
-    for I in tl.static_range(BT // BS):
-        m_r = (o_i >= I * BS) & (o_i < I * BS + BS)
-        b_anc += tl.where(m_r[:, None], _row_anchor(b, I, BT, BS)[None, :], 0.)
+    for I in range(BT // bs):
+        b_anc += tl.where(_in_block(I, bs, BT), _row_anchor(b, I, bs, BT)[None, :], 0.)
     return tl.exp2(tl.minimum(b - b_anc, _CLAMP))
 
 
 @triton.jit
-def _key_factor(b, I: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr):
+def _key_factor(b, I, bs, BT: tl.constexpr):
     """H^I_j = 2^(b_a(I) - b_j) for keys j up to the end of row block I, else 0: [BT, BM]."""
-    o_i = tl.arange(0, BT)
-    m_k = o_i < I * BS + BS
-    b_a = _row_anchor(b, I, BT, BS)
+    m_k = tl.arange(0, BT) < I * bs + bs
+    b_a = _row_anchor(b, I, bs, BT)
     return tl.where(m_k[:, None], tl.exp2(tl.minimum(b_a[None, :] - b, _CLAMP)), 0.)
 
 
 @triton.jit
-def _in_block(I: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr):
-    o_i = tl.arange(0, BT)
-    return ((o_i >= I * BS) & (o_i < I * BS + BS))[:, None]
+def _mix(A, s, b, F, bs, BT: tl.constexpr):
+    """mix(X, s) of the module docstring for X = A [BT, BT] (in the dot dtype): [BT, BM] fp32."""
+    acc = tl.zeros_like(F)
+    for I in range(BT // bs):
+        sh = (s * _key_factor(b, I, bs, BT)).to(A.dtype)
+        acc += tl.where(_in_block(I, bs, BT), _dot(A, sh), 0.)
+    return F * acc
+
+
+@triton.jit
+def _mix_t(X, s, b, like, bs, BT: tl.constexpr):
+    """[BT, BT]: entry (i, j) = sum_m X_i[m] s_j[m] 2^(b_i[m] - b_j[m]) for X = Y * F (fp32); the
+    lower triangle is the pass-2 matrix A2 (or dA1 in the backward). Dots in like's dtype."""
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    for I in range(BT // bs):
+        sh = (s * _key_factor(b, I, bs, BT)).to(like.dtype)
+        acc += _dot(tl.where(_in_block(I, bs, BT), X, 0.).to(like.dtype), tl.trans(sh))
+    return acc
+
+
+@triton.jit
+def _mix_bwd(X, Y, s, b, bs, BT: tl.constexpr):
+    """The two products of the backward kernels for X = Y' * F (fp32), Y [BT, BT] (dot dtype):
+    (sum_I (s * H^I) @ X_I^T [BT, BT] (keys j, rows i), sum_I H^I * (Y @ X_I) [BT, BM])."""
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    ds = tl.zeros_like(X)
+    for I in range(BT // bs):
+        h = _key_factor(b, I, bs, BT)
+        x = tl.where(_in_block(I, bs, BT), X, 0.).to(Y.dtype)
+        acc += _dot((s * h).to(Y.dtype), tl.trans(x))
+        ds += h * _dot(Y, x)
+    return acc, ds
 
 
 @triton.jit
@@ -265,7 +312,8 @@ def _fwd_o_kernel(
     m_causal = o_i[:, None] >= o_i[None, :]
 
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    b_F = _anchor_factor(b_b, BT, BS)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
     b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
     b_q = _load_rows(q, bos, i_t, T, i_hq, HQ, K, BT, BK)
     b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
@@ -277,9 +325,7 @@ def _fwd_o_kernel(
     # pass 1: slot logits
     b_z = _dot(b_qs, b_K0) * tl.exp2(b_b)
     b_A = tl.where(m_causal, _dot(b_qs, tl.trans(b_k)), 0.).to(dt)
-    for I in tl.static_range(BT // BS):
-        b_sh = (b_s * _key_factor(b_b, I, BT, BS)).to(dt)
-        b_z += tl.where(_in_block(I, BT, BS), b_F * _dot(b_A, b_sh), 0.)
+    b_z += _mix(b_A, b_s, b_b, b_F, bs, BT)
     _store_rows(z, b_z, bos, i_t, T, i_hq, HQ, M, BT, BM)
     b_p = _softmax_rows(b_z, M, BM)
     _store_rows(p, b_p, bos, i_t, T, i_hq, HQ, M, BT, BM)
@@ -288,11 +334,7 @@ def _fwd_o_kernel(
     p_hv = tl.make_block_ptr(hv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
     b_V0 = tl.load(p_hv, boundary_check=(0, 1)).to(dt)
     b_o = _dot((b_p * tl.exp2(b_b)).to(dt), b_V0)
-    b_pF = b_p * b_F
-    b_A2 = tl.zeros([BT, BT], dtype=tl.float32)
-    for I in tl.static_range(BT // BS):
-        b_sh = (b_s * _key_factor(b_b, I, BT, BS)).to(dt)
-        b_A2 += _dot(tl.where(_in_block(I, BT, BS), b_pF, 0.).to(dt), tl.trans(b_sh))
+    b_A2 = _mix_t(b_p * b_F, b_s, b_b, b_V0, bs, BT)
     b_A2 = tl.where(m_causal, b_A2, 0.)
     b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
     b_o += _dot(b_A2.to(dt), b_v)
@@ -318,7 +360,8 @@ def _bwd_dp_kernel(
     m_causal = o_i[:, None] >= o_i[None, :]
 
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    b_F = _anchor_factor(b_b, BT, BS)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
     b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
     b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
     dt = b_v.dtype
@@ -327,9 +370,7 @@ def _bwd_dp_kernel(
     b_V0t = tl.load(p_hv, boundary_check=(0, 1)).to(dt)
     b_dp = _dot(b_do, b_V0t) * tl.exp2(b_b)
     b_dA = tl.where(m_causal, _dot(b_do, tl.trans(b_v)), 0.).to(dt)
-    for I in tl.static_range(BT // BS):
-        b_sh = (b_s * _key_factor(b_b, I, BT, BS)).to(dt)
-        b_dp += tl.where(_in_block(I, BT, BS), b_F * _dot(b_dA, b_sh), 0.)
+    b_dp += _mix(b_dA, b_s, b_b, b_F, bs, BT)
     b_z = _load_rows(z, bos, i_t, T, i_hq, HQ, M, BT, BM)
     b_p = _softmax_rows(b_z, M, BM)
     b_dz = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
@@ -340,11 +381,7 @@ def _bwd_dp_kernel(
     b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
     p_hk = tl.make_block_ptr(hk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
     b_K0 = tl.load(p_hk, boundary_check=(0, 1)).to(dt)
-    b_dzF = b_dz * b_F
-    b_dA1 = tl.zeros([BT, BT], dtype=tl.float32)
-    for I in tl.static_range(BT // BS):
-        b_sh = (b_s * _key_factor(b_b, I, BT, BS)).to(dt)
-        b_dA1 += _dot(tl.where(_in_block(I, BT, BS), b_dzF, 0.).to(dt), tl.trans(b_sh))
+    b_dA1 = _mix_t(b_dz * b_F, b_s, b_b, b_v, bs, BT)
     b_dA1 = tl.where(m_causal, b_dA1, 0.).to(dt)
     b_dq = _dot((b_dz * tl.exp2(b_b)).to(dt), tl.trans(b_K0)) + _dot(b_dA1, b_k)
     _store_rows(dq, b_dq * scale, bos, i_t, T, i_hq, HQ, K, BT, BK)
@@ -437,7 +474,8 @@ def _bwd_dqk_kernel(
     m_causal_t = o_i[:, None] <= o_i[None, :]      # [j, i]: j <= i
 
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    b_F = _anchor_factor(b_b, BT, BS)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
     b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
     b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
     dt = b_k.dtype
@@ -451,14 +489,9 @@ def _bwd_dqk_kernel(
         b_qs = (b_q.to(tl.float32) * scale).to(dt)
         b_dz = _load_rows(dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
         b_r += _load_rows(r, bos, i_t, T, i_hq, HQ, M, BT, BM)
-        b_dzF = b_dz * b_F
         b_At = tl.where(m_causal_t, _dot(b_k, tl.trans(b_qs)), 0.).to(dt)   # A1^T [j, i]
-        b_dAt = tl.zeros([BT, BT], dtype=tl.float32)
-        for I in tl.static_range(BT // BS):
-            b_h = _key_factor(b_b, I, BT, BS)
-            b_x = tl.where(_in_block(I, BT, BS), b_dzF, 0.).to(dt)
-            b_dAt += _dot((b_s * b_h).to(dt), tl.trans(b_x))
-            b_ds += b_h * _dot(b_At, b_x)
+        b_dAt, b_dsg = _mix_bwd(b_dz * b_F, b_At, b_s, b_b, bs, BT)
+        b_ds += b_dsg
         b_dAt = tl.where(m_causal_t, b_dAt, 0.).to(dt)
         b_dk += _dot(b_dAt, b_qs)
     b_bl = tl.sum(tl.where((o_i == BT - 1)[:, None], b_b, 0.), axis=0)
@@ -493,7 +526,8 @@ def _bwd_dvs_kernel(
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
     b_bl = tl.sum(tl.where((o_i == BT - 1)[:, None], b_b, 0.), axis=0)
     b_gam = tl.exp2(b_bl[None, :] - b_b)
-    b_F = _anchor_factor(b_b, BT, BS)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
     b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
     b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
     dt = b_v.dtype
@@ -507,13 +541,8 @@ def _bwd_dvs_kernel(
         b_do = _load_rows(do, bos, i_t, T, i_hq, HQ, V, BT, BV).to(dt)
         b_pF = _load_rows(p, bos, i_t, T, i_hq, HQ, M, BT, BM).to(tl.float32) * b_F
         b_dAt = tl.where(m_causal_t, _dot(b_v, tl.trans(b_do)), 0.).to(dt)   # dA2^T [j, i]
-        b_At = tl.zeros([BT, BT], dtype=tl.float32)
-        for I in tl.static_range(BT // BS):
-            b_h = _key_factor(b_b, I, BT, BS)
-            b_sh = (b_s * b_h).to(dt)
-            b_x = tl.where(_in_block(I, BT, BS), b_pF, 0.).to(dt)
-            b_At += _dot(b_sh, tl.trans(b_x))
-            b_ds += b_h * _dot(b_dAt, b_x)
+        b_At, b_dsg = _mix_bwd(b_pF, b_dAt, b_s, b_b, bs, BT)
+        b_ds += b_dsg
         b_At = tl.where(m_causal_t, b_At, 0.).to(dt)
         b_dv += _dot(b_At, b_do)
     b_sg = (b_s * b_gam).to(dt)
@@ -586,7 +615,7 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     Bg = 1 if varlen else B
     do = do.contiguous()
 
-    dz = torch.empty_like(z)
+    dz = torch.empty(z.shape, dtype=q.dtype, device=q.device)   # only ever a dot operand (after scaling)
     r = torch.empty_like(z)
     dq = torch.empty_like(q)
     _bwd_dp_kernel[(G, NTg, Bg * H)](
