@@ -6,7 +6,7 @@
 
 Forward and forward+backward medians from triton.testing.do_bench (CUDA events).
 Shapes: Mistral-7B layer (B=4, T=4096, HQ=32, H=8, D=128), SmolLM2-135M (B=32, T=2048, HQ=9,
-H=3, D=64), a T-scaling table at 32K tokens, and one decode step at batch 64.
+H=3, D=64), a T-scaling table at 128K tokens per batch (GSA included), and one decode step at batch 64.
 fla (if importable) runs without GQA (k, v, g repeated to HQ heads), as its chunk kernels need.
 """
 import argparse
@@ -23,6 +23,7 @@ from t2r.ops.gla import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
 from t2r.ops.gla.triton_recurrent import (fused_recurrent_gla_triton,  # noqa: E402
                                           fused_recurrent_simple_gla_triton)
+from t2r.ops.gsa.triton_chunk import chunk_gsa_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
 
 try:
@@ -135,6 +136,28 @@ def decode_rows(B=64, HQ=32, H=8, D=128):
     return rows
 
 
+def scaling_table(tokens=131072, HQ=32, H=8, D=128):
+    """fwd+bwd time per 1K tokens at a constant batch of `tokens` tokens, T = 2K ... 128K."""
+    lines = [f"### T scaling at {tokens // 1024}K tokens per batch, Mistral heads (fwd+bwd ms per 1K tokens)", "",
+             "| B x T | t2r simple_gla | t2r gla | t2r gsa (64 slots) | SDPA causal flash |", "|---|---|---|---|---|"]
+    for T in (2048, 8192, 32768, 131072):
+        B = tokens // T
+        do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+        a = inputs(B, T, HQ, H, D, scalar=True)
+        ms = [time_op(lambda *x: chunk_simple_gla_triton(*x), a, do)[1]]
+        a = inputs(B, T, HQ, H, D, scalar=False)
+        ms.append(time_op(lambda *x: chunk_gla_triton(*x), a, do)[1])
+        q, k, v, g = a
+        gs = (F.logsigmoid(torch.randn(B, T, H, 64, device=DEV)) / 8)
+        sg = [t.detach().to(DT).requires_grad_(True) for t in (1 - gs.exp(), gs)]
+        ms.append(time_op(lambda q, k, v, s, g: chunk_gsa_triton(q, k, v, s, g), [q, k, v, *sg], do)[1])
+        ms.append(time_op(sdpa_fn, [q, k, v], do)[1])
+        lines.append(f"| {B} x {T // 1024}K | " + " | ".join(f"{t * 1024 / (B * T):.4f}" for t in ms) + " |")
+        del a, q, k, v, g, sg, do
+        torch.cuda.empty_cache()
+    return "\n".join(lines) + "\n"
+
+
 def sweep(B=4, T=4096, HQ=32, H=8, D=128):
     """Time each kernel's (num_warps, num_stages) choices at the Mistral shape (fwd+bwd)."""
     options = [(4, 2), (8, 2), (4, 3)]
@@ -185,10 +208,8 @@ def main():
     if not args.quick:
         parts.append(fmt_table("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64", row_set(32, 2048, 9, 3, 64, with_fla)))
         print(parts[-1], flush=True)
-        for B, T in ((16, 2048), (4, 8192), (1, 32768)):
-            parts.append(fmt_table(f"T scaling at 32K tokens, Mistral heads: B={B}, T={T}",
-                                   row_set(B, T, 32, 8, 128, with_fla=False)))
-            print(parts[-1], flush=True)
+        parts.append(scaling_table())
+        print(parts[-1], flush=True)
         drows = decode_rows()
         lines = ["### Decode: one token, batch 64, HQ=32, H=8, D=128", "", "| op | ms |", "|---|---|"]
         lines += [f"| {n} | {t:.3f} |" for n, t in drows]

@@ -1,10 +1,10 @@
-"""Shared pieces of the Triton linear-attention kernels (GLA, simple GLA).
+"""Shared pieces of the Triton linear-attention kernels (GLA, simple GLA, GSA).
 
 * ``prepare_chunks``: chunk bookkeeping for packed variable-length batches.
+* ``num_segments`` / ``segment_of_sequence``: cutting long sequences into segments so that
+  state scans run in parallel when batch x heads alone cannot fill the GPU.
 * ``reverse_cumsum``: the last step of every gate gradient, dg_t = sum_{s >= t} dG_s,
   per sequence, with an optional carry (the final-state term) added to every step.
-* ``triton_configs``: the pinned (num_warps, num_stages) of every kernel, one place to
-  change them (the benchmark sweeps them; the GPU tests check whatever is shipped).
 
 Gates enter the kernels in log2 space (g * 1/ln 2, then exp2).
 """
@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting"]
+__all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting", "num_segments",
+           "segment_of_sequence"]
 
 RCP_LN2 = 1.4426950408889634  # 1 / ln 2
 
@@ -76,6 +77,37 @@ def prepare_chunks(
     local = torch.arange(total, device=cu.device) - offsets[seq]
     indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
     return N, total, indices, offsets.to(torch.int32).contiguous()
+
+
+SEGMENTS: Optional[int] = None
+"""Override of num_segments (tests set it to split short sequences; None: automatic)."""
+
+
+def num_segments(programs: int, chunks_per_sequence: int, device: torch.device, min_chunks: int = 32) -> int:
+    """How many segments to cut each sequence into for a state scan that would otherwise run
+    `programs` sequential programs: enough to fill the GPU twice over, each segment at least
+    `min_chunks` chunks long (a second launch scans each segment from zero first, see
+    segment_of_sequence)."""
+    if SEGMENTS is not None:
+        return SEGMENTS
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, programs), chunks_per_sequence // min_chunks))
+
+
+@triton.jit
+def segment_of_sequence(i_sg, NT, NS: tl.constexpr):
+    """[c_lo, c_hi): the chunks of segment i_sg when a sequence of NT chunks is cut into NS segments
+    (the last ones may be empty).
+
+    Segmented state scans run in two launches: the first scans every segment from a zero state
+    and stores its end state E_j and its total log2 decay D_j; the second starts segment i from
+    the true state, h0 carried through segments j < i as h <- 2^D_j * h + E_j (the recurrence is
+    linear, with diagonal decay), then scans and stores its chunk states."""
+    L = tl.cdiv(NT, NS)
+    c_lo = i_sg * L
+    return c_lo, tl.minimum(NT, c_lo + L)
 
 
 @triton.jit

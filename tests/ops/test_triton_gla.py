@@ -17,6 +17,7 @@ from triton_support import DEV, INTERPRET, require_triton
 
 require_triton()
 
+from t2r.ops import triton_utils  # noqa: E402
 from t2r.ops.gla import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla import triton_recurrent as tr  # noqa: E402
 from t2r.ops.gla.naive import naive_recurrent_gla  # noqa: E402
@@ -159,8 +160,20 @@ def test_state_chaining(op):
     assert rel(h2, ht) < TOL32
 
 
+@pytest.mark.parametrize("segments", [2, 3])
+def test_segmented_state_scans(op, segments, monkeypatch):
+    """Long sequences scan their states in parallel segments (triton_utils.num_segments): forcing
+    the split on short ones (5 chunks into 2 or 3 segments) still matches the reference."""
+    monkeypatch.setattr(triton_utils, "SEGMENTS", segments)
+    d = make(op, 2, 300, 4, 2, 32, 32)
+    check(run(op.chunk, d, torch.float32), run(op.naive, d, torch.float32), TOL32)
+
+
+@pytest.mark.parametrize("segments", [None, 3])
 @pytest.mark.parametrize("lens", [[30, 70, 1, 64], [129]])
-def test_varlen_equals_separate_runs(op, lens):
+def test_varlen_equals_separate_runs(op, lens, segments, monkeypatch):
+    """Packed sequences equal separate runs, also cut into 3 scan segments each (empty ones too)."""
+    monkeypatch.setattr(triton_utils, "SEGMENTS", segments)
     T = sum(lens)
     d = make(op, 1, T, 4, 2, 32, 32)
     N = len(lens)

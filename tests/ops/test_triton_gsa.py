@@ -14,6 +14,7 @@ from triton_support import CUDA, DEV, require_triton
 
 require_triton()
 
+from t2r.ops import triton_utils  # noqa: E402
 from t2r.ops.gsa import triton_chunk as tc  # noqa: E402
 from t2r.ops.gsa import triton_recurrent as tr  # noqa: E402
 from t2r.ops.gsa.naive import naive_recurrent_gsa  # noqa: E402
@@ -137,9 +138,21 @@ def _separate(bounds):
     return run
 
 
-def test_packed_sequences():
-    bounds = [0, 7, 71, 130]
-    inputs, state = make(1, 130, 4, 2, **SMALL, n_state=3)
+@pytest.mark.parametrize("segments", [2, 3])
+def test_segmented_state_scans(segments, monkeypatch):
+    """Long sequences scan their slot memories in parallel segments (triton_utils.num_segments):
+    forcing the split on short ones (4 chunks into 2 or 3 segments) still matches the reference."""
+    monkeypatch.setattr(triton_utils, "SEGMENTS", segments)
+    inputs, state = make(2, 250, 4, 2, **SMALL)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
+
+
+@pytest.mark.parametrize("segments", [None, 3])
+def test_packed_sequences(segments, monkeypatch):
+    """Packed sequences equal separate runs, also cut into 3 scan segments each (empty ones too)."""
+    monkeypatch.setattr(triton_utils, "SEGMENTS", segments)
+    bounds = [0, 7, 71, 200]
+    inputs, state = make(1, 200, 4, 2, **SMALL, n_state=3)
     cu = torch.tensor(bounds, device=DEV)
     check(fwd_bwd(tc.chunk_gsa_triton, inputs, state, cu_seqlens=cu),
           fwd_bwd(_separate(bounds), inputs, state), FP32_TOL)

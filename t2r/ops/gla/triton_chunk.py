@@ -7,7 +7,8 @@ gate cumsum b inside the chunk (log2 space) and the state h_c entering the chunk
     h_c+1  = 2^b_last * h_c + (k * 2^(b_last - b))^T @ v
 
 Kernels (one launch each):
-  fwd:  _fwd_h   states h_c of every chunk (sequential over chunks), final state (fp32)
+  fwd:  _fwd_h   states h_c of every chunk (sequential over chunks; long sequences in parallel
+                 segments, see triton_utils.segment_of_sequence), final state (fp32)
         _fwd_o   outputs, fully parallel over (V-block, chunk, query head)
   bwd:  _bwd_dh  dh_c = gradient of the state leaving chunk c (reverse, GQA group summed)
         _bwd_dv  dv, per (V-block, chunk, kv head), loops over the query-head group
@@ -42,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2, next_pow2, prepare_chunks, reverse_cumsum
+from ..triton_utils import RCP_LN2, next_pow2, num_segments, prepare_chunks, reverse_cumsum, segment_of_sequence
 
 __all__ = ["chunk_gla_triton", "chunk_linear_attn_triton", "CONFIGS"]
 
@@ -99,12 +100,16 @@ def _anchored(b, BT: tl.constexpr):
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_h_kernel(
-    k, v, g, h, h0, ht, cu_seqlens, chunk_offsets, T,
+    k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SCALAR: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
+    SCALAR: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, SEG_PASS: tl.constexpr,
 ):
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # one program per (K-block, V-block, sequence x head x segment); NS segments per sequence
+    # (triton_utils.segment_of_sequence): SEG_PASS stores each segment's end state from zero and
+    # its decay, the other pass the chunk states.
+    i_k, i_v, i_nhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -116,16 +121,26 @@ def _fwd_h_kernel(
         bos = (i_n * T).to(tl.int64)
         NT = tl.cdiv(T, BT)
         boh = (i_n * NT).to(tl.int64)
+    c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
+    o_k = i_k * BK + tl.arange(0, BK)
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+    if not SEG_PASS:
+        if USE_H0:
+            p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+        for j in range(i_sg):
+            i_j = i_nh * NS + j
+            p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
+            b_h = b_h * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+    b_dsum = tl.zeros([BK], dtype=tl.float32)
 
-    for i_t in range(NT):
-        p_h = tl.make_block_ptr(h + ((boh + i_t) * H + i_h) * K * V, (K, V), (V, 1),
-                                (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
+    for i_t in range(c_lo, c_hi):
+        if not SEG_PASS:
+            p_h = tl.make_block_ptr(h + ((boh + i_t) * H + i_h) * K * V, (K, V), (V, 1),
+                                    (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
         p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, T), (1, H * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
         p_v = tl.make_block_ptr(v + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1))
@@ -144,9 +159,16 @@ def _fwd_h_kernel(
             b_h *= tl.exp2(b_gl)[:, None]
             b_kd = (b_k * tl.exp2(b_gl[:, None] - b_b)).to(b_k.dtype)
         b_h += tl.dot(b_kd, b_v)
+        b_dsum += b_gl
 
-    p_ht = tl.make_block_ptr(ht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-    tl.store(p_ht, b_h, boundary_check=(0, 1))
+    if SEG_PASS:
+        i_j = i_nh * NS + i_sg
+        p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_e, b_h, boundary_check=(0, 1))
+        tl.store(seg_d + i_j * K + o_k, b_dsum, mask=o_k < K)
+    elif i_sg == NS - 1:
+        p_ht = tl.make_block_ptr(ht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_ht, b_h, boundary_check=(0, 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -222,12 +244,15 @@ def _fwd_o_kernel(
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dh_kernel(
-    q, g, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
+    q, g, do, dh, dht, dh0, seg_h, seg_d, cu_seqlens, chunk_offsets, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
     SCALAR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SEG_PASS: tl.constexpr,
 ):
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # the reverse of _fwd_h_kernel's scan, segmented the same way (segments carried last to first)
+    i_k, i_v, i_nhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     G: tl.constexpr = HQ // H
     if IS_VARLEN:
@@ -240,28 +265,41 @@ def _bwd_dh_kernel(
         bos = (i_n * T).to(tl.int64)
         NT = tl.cdiv(T, BT)
         boh = (i_n * NT).to(tl.int64)
+    c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
+    o_k = i_k * BK + tl.arange(0, BK)
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
-        p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+    if not SEG_PASS:
+        if USE_DHT:
+            p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
+        for jj in range(NS - 1 - i_sg):
+            i_j = i_nh * NS + NS - 1 - jj
+            p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
+            b_dh = b_dh * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+    b_dsum = tl.zeros([BK], dtype=tl.float32)
 
-    for i in range(NT):
-        i_t = NT - 1 - i
-        p_dh = tl.make_block_ptr(dh + ((boh + i_t) * H + i_h) * K * V, (K, V), (V, 1),
-                                 (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
+    for i in range(c_hi - c_lo):
+        i_t = c_hi - 1 - i
+        if not SEG_PASS:
+            p_dh = tl.make_block_ptr(dh + ((boh + i_t) * H + i_h) * K * V, (K, V), (V, 1),
+                                     (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
         if SCALAR:
             b_g = _scalar_gate(g, bos, i_h, i_t, T, H, BT)
             b_b = tl.cumsum(b_g, axis=0)
-            b_dh *= tl.exp2(tl.sum(b_g, axis=0))
+            b_gl = tl.sum(b_g, axis=0)
+            b_dh *= tl.exp2(b_gl)
             b_e = tl.exp2(b_b)[None, :] * scale
         else:
             p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (K, T), (1, H * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
             b_g = tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E
             b_b = tl.cumsum(b_g, axis=1)
-            b_dh *= tl.exp2(tl.sum(b_g, axis=1))[:, None]
+            b_gl = tl.sum(b_g, axis=1)
+            b_dh *= tl.exp2(b_gl)[:, None]
             b_e = tl.exp2(b_b) * scale
+        b_dsum += b_gl
         for i_g in range(G):
             i_hq = i_h * G + i_g
             p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (K, T), (1, HQ * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
@@ -270,9 +308,15 @@ def _bwd_dh_kernel(
             b_do = tl.load(p_do, boundary_check=(0, 1))
             b_dh += tl.dot((b_q * b_e).to(b_q.dtype), b_do)
 
-    if STORE_DH0:
-        p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh0, b_dh, boundary_check=(0, 1))
+    if SEG_PASS:
+        i_j = i_nh * NS + i_sg
+        p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_e, b_dh, boundary_check=(0, 1))
+        tl.store(seg_d + i_j * K + o_k, b_dsum, mask=o_k < K)
+    elif STORE_DH0:
+        if i_sg == 0:
+            p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            tl.store(p_dh0, b_dh, boundary_check=(0, 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -495,6 +539,12 @@ def _blocks(K: int, V: int):
     return BK, BV
 
 
+def _segment_buffers(n: int, K: int, V: int, device):
+    """End states [n, K, V] and total log2 decays [n, K] of the segments of a segmented scan."""
+    return (torch.empty(n, K, V, dtype=torch.float32, device=device),
+            torch.empty(n, K, dtype=torch.float32, device=device))
+
+
 def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
     B, T, HQ, K = q.shape
     H, V = v.shape[2], v.shape[3]
@@ -502,10 +552,14 @@ def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
     BK, BV = _blocks(K, V)
     h = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device)
-    _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)](
-        k, v, g, h, h0, ht, cu_seqlens, chunk_offsets, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, SCALAR=scalar, USE_H0=h0 is not None,
-        IS_VARLEN=cu_seqlens is not None, **_cfg("fwd_h"))
+    tiles = triton.cdiv(K, BK) * triton.cdiv(V, BV)
+    NS = num_segments(tiles * N * H, NT // N, k.device)
+    seg_h, seg_d = _segment_buffers(N * H * NS, K, V, k.device) if NS > 1 else (ht, ht)
+    for seg_pass in ((True, False) if NS > 1 else (False,)):
+        _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
+            k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SCALAR=scalar, USE_H0=h0 is not None,
+            IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass, **_cfg("fwd_h"))
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=v.device)
     cap = 128 if q.element_size() == 2 else 64   # fp32 tiles: half the size (shared memory)
     BKo = min(cap, max(16, next_pow2(K)))
@@ -527,10 +581,15 @@ def _bwd(q, k, v, g, h, ht, do, dht, scale, h0, cu_seqlens, scalar, BT, BS):
     BK, BV = _blocks(K, V)
     dh = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device) if h0 is not None else None
-    _bwd_dh_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)](
-        q, g, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
-        HQ=HQ, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, SCALAR=scalar,
-        USE_DHT=dht is not None, STORE_DH0=h0 is not None, IS_VARLEN=varlen, **_cfg("bwd_dh"))
+    tiles = triton.cdiv(K, BK) * triton.cdiv(V, BV)
+    NS = num_segments(tiles * N * H, NT // N, k.device)
+    seg_h, seg_d = _segment_buffers(N * H * NS, K, V, k.device) if NS > 1 else (dh, dh)
+    for seg_pass in ((True, False) if NS > 1 else (False,)):
+        _bwd_dh_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
+            q, g, do, dh, dht, dh0, seg_h, seg_d, cu_seqlens, chunk_offsets, scale, T,
+            HQ=HQ, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SCALAR=scalar,
+            USE_DHT=dht is not None, STORE_DH0=h0 is not None, IS_VARLEN=varlen, SEG_PASS=seg_pass,
+            **_cfg("bwd_dh"))
 
     dv = torch.empty_like(v)
     cap = 128 if q.element_size() == 2 else 64   # fp32 tiles: half the size (shared memory)

@@ -23,7 +23,8 @@ with mix(X, s)_i[m] = sum_{j<=i} X_ij s_j[m] 2^(b_i[m]-b_j[m]). The per-slot dec
 The path is chosen per chunk inside the kernels.
 
 Kernels (one launch each):
-  fwd: _fwd_h    slot memories entering every chunk (sequential over chunks), final state
+  fwd: _fwd_h    slot memories entering every chunk (sequential over chunks; long sequences in
+                  parallel segments, see triton_utils.segment_of_sequence), final state
        _fwd_o    z (saved, fp32), softmax, o: fully parallel over (query head, chunk)
   bwd: _bwd_dp   per query head: dp (pass-2 read-out gradient), softmax backward dz,
                   row terms z*dz + p*dp of the gate gradient (fp32), and dq
@@ -51,7 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2, is_interpreting, next_pow2, prepare_chunks, reverse_cumsum
+from ..triton_utils import (RCP_LN2, is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum,
+                            segment_of_sequence)
 
 __all__ = ["chunk_gsa_triton", "CONFIGS"]
 
@@ -241,25 +243,39 @@ def _softmax_rows(z, M: tl.constexpr, BM: tl.constexpr):
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_h_kernel(
-    k, v, s, g, hk, hv, h0k, h0v, htk, htv, cu_seqlens, chunk_offsets, T,
+    k, v, s, g, hk, hv, h0k, h0v, htk, htv, seg_hk, seg_hv, seg_d, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, NK: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NS: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SEG_PASS: tl.constexpr,
 ):
-    # programs [0, NK): key-slot memory rows [i*BK, +BK); [NK, NK+NV): value columns.
-    i_s, i_nh = tl.program_id(0), tl.program_id(1)
+    # programs [0, NK): key-slot memory rows [i*BK, +BK); [NK, NK+NV): value columns; NS segments
+    # per sequence (triton_utils.segment_of_sequence): SEG_PASS stores each segment's end state
+    # from zero and its slot decay, the other pass the chunk states.
+    i_s, i_nhs = tl.program_id(0), tl.program_id(1)
+    i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, NT, boh = _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
+    o_m = tl.arange(0, BM)
+    b_dsum = tl.zeros([BM], dtype=tl.float32)
     if i_s < NK:
         i_k = i_s
         b_h = tl.zeros([BK, BM], dtype=tl.float32)
-        if USE_H0:
-            p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
-        for i_t in range(NT):
-            p_h = tl.make_block_ptr(hk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
-                                    (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
+        if not SEG_PASS:
+            if USE_H0:
+                p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
+            for j in range(i_sg):
+                i_j = i_nh * NS + j
+                p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                b_h = b_h * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+        for i_t in range(c_lo, c_hi):
+            if not SEG_PASS:
+                p_h = tl.make_block_ptr(hk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
+                                        (i_k * BK, 0), (BK, BM), (1, 0))
+                tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
             b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
             b_bl = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], b_b, 0.), axis=0)
             b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
@@ -267,19 +283,33 @@ def _fwd_h_kernel(
             b_kt = tl.load(p_k, boundary_check=(0, 1))
             b_sd = (b_s * tl.exp2(b_bl[None, :] - b_b)).to(b_kt.dtype)
             b_h = b_h * tl.exp2(b_bl)[None, :] + _dot(b_kt, b_sd)
-        if STORE_HT:
-            pt = tl.make_block_ptr(htk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(pt, b_h, boundary_check=(0, 1))
+            b_dsum += b_bl
+        if SEG_PASS:
+            i_j = i_nh * NS + i_sg
+            p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+            tl.store(p_e, b_h, boundary_check=(0, 1))
+            tl.store(seg_d + i_j * M + o_m, b_dsum, mask=o_m < M)
+        elif STORE_HT:
+            if i_sg == NS - 1:
+                pt = tl.make_block_ptr(htk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                tl.store(pt, b_h, boundary_check=(0, 1))
     else:
         i_v = i_s - NK
         b_hv = tl.zeros([BM, BV], dtype=tl.float32)
-        if USE_H0:
-            p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
-        for i_t in range(NT):
-            p_hv = tl.make_block_ptr(hv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
-                                    (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(p_hv, b_hv.to(p_hv.dtype.element_ty), boundary_check=(0, 1))
+        if not SEG_PASS:
+            if USE_H0:
+                p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
+            for j in range(i_sg):
+                i_j = i_nh * NS + j
+                p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                b_hv = b_hv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+        for i_t in range(c_lo, c_hi):
+            if not SEG_PASS:
+                p_hv = tl.make_block_ptr(hv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
+                                         (0, i_v * BV), (BM, BV), (1, 0))
+                tl.store(p_hv, b_hv.to(p_hv.dtype.element_ty), boundary_check=(0, 1))
             b_gt = _load_rows_t(g, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32) * _LOG2E
             b_bt = tl.cumsum(b_gt, axis=1)
             b_blv = tl.sum(b_gt, axis=1)
@@ -288,9 +318,14 @@ def _fwd_h_kernel(
             b_v = tl.load(p_v, boundary_check=(0, 1))
             b_sdv = (b_st * tl.exp2(b_blv[:, None] - b_bt)).to(b_v.dtype)
             b_hv = b_hv * tl.exp2(b_blv)[:, None] + _dot(b_sdv, b_v)
-        if STORE_HT:
-            ptv = tl.make_block_ptr(htv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(ptv, b_hv, boundary_check=(0, 1))
+        if SEG_PASS:
+            i_j = i_nh * NS + i_sg
+            p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+            tl.store(p_e, b_hv, boundary_check=(0, 1))
+        elif STORE_HT:
+            if i_sg == NS - 1:
+                ptv = tl.make_block_ptr(htv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                tl.store(ptv, b_hv, boundary_check=(0, 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -392,26 +427,40 @@ def _bwd_dp_kernel(
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dh_kernel(
-    q, g, p, dz, do, dhk, dhv, dhtk, dhtv, dh0k, dh0v, cu_seqlens, chunk_offsets, scale, T,
+    q, g, p, dz, do, dhk, dhv, dhtk, dhtv, dh0k, dh0v, seg_hk, seg_hv, seg_d, cu_seqlens, chunk_offsets,
+    scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, NK: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NS: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SEG_PASS: tl.constexpr,
 ):
-    i_s, i_nh = tl.program_id(0), tl.program_id(1)
+    # the reverse of _fwd_h_kernel's scans, segmented the same way (segments carried last to first)
+    i_s, i_nhs = tl.program_id(0), tl.program_id(1)
+    i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     G: tl.constexpr = HQ // H
     bos, T, NT, boh = _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
+    o_m = tl.arange(0, BM)
+    b_dsum = tl.zeros([BM], dtype=tl.float32)
     if i_s < NK:
         i_k = i_s
         b_dh = tl.zeros([BK, BM], dtype=tl.float32)
-        if USE_DHT:
-            pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
-        for i in range(NT):
-            i_t = NT - 1 - i
-            p_dh = tl.make_block_ptr(dhk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
-                                     (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
+        if not SEG_PASS:
+            if USE_DHT:
+                pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
+            for jj in range(NS - 1 - i_sg):
+                i_j = i_nh * NS + NS - 1 - jj
+                p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                b_dh = b_dh * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+        for i in range(c_hi - c_lo):
+            i_t = c_hi - 1 - i
+            if not SEG_PASS:
+                p_dh = tl.make_block_ptr(dhk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
+                                         (i_k * BK, 0), (BK, BM), (1, 0))
+                tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
             b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
             b_bl = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], b_b, 0.), axis=0)
             b_lam = tl.exp2(b_b)
@@ -424,20 +473,34 @@ def _bwd_dh_kernel(
                 b_dz = _load_rows(dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
                 b_acc += _dot(b_qt, (b_dz * b_lam).to(b_qt.dtype))
             b_dh = b_dh * tl.exp2(b_bl)[None, :] + b_acc * scale
-        if STORE_DH0:
-            p0 = tl.make_block_ptr(dh0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(p0, b_dh, boundary_check=(0, 1))
+            b_dsum += b_bl
+        if SEG_PASS:
+            i_j = i_nh * NS + i_sg
+            p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+            tl.store(p_e, b_dh, boundary_check=(0, 1))
+            tl.store(seg_d + i_j * M + o_m, b_dsum, mask=o_m < M)
+        elif STORE_DH0:
+            if i_sg == 0:
+                p0 = tl.make_block_ptr(dh0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                tl.store(p0, b_dh, boundary_check=(0, 1))
     else:
         i_v = i_s - NK
         b_dhv = tl.zeros([BM, BV], dtype=tl.float32)
-        if USE_DHT:
-            ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
-        for i in range(NT):
-            i_t = NT - 1 - i
-            p_dhv = tl.make_block_ptr(dhv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
-                                     (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(p_dhv, b_dhv.to(p_dhv.dtype.element_ty), boundary_check=(0, 1))
+        if not SEG_PASS:
+            if USE_DHT:
+                ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
+            for jj in range(NS - 1 - i_sg):
+                i_j = i_nh * NS + NS - 1 - jj
+                p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                b_dhv = b_dhv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+        for i in range(c_hi - c_lo):
+            i_t = c_hi - 1 - i
+            if not SEG_PASS:
+                p_dhv = tl.make_block_ptr(dhv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
+                                          (0, i_v * BV), (BM, BV), (1, 0))
+                tl.store(p_dhv, b_dhv.to(p_dhv.dtype.element_ty), boundary_check=(0, 1))
             b_gt = _load_rows_t(g, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32) * _LOG2E
             b_bt = tl.cumsum(b_gt, axis=1)
             b_blv = tl.sum(b_gt, axis=1)
@@ -447,13 +510,18 @@ def _bwd_dh_kernel(
                 i_hq = i_h * G + i_g
                 b_pt = _load_rows_t(p, bos, i_t, T, i_hq, HQ, M, BT, BM).to(tl.float32)
                 p_dov = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV),
-                                         (BT, BV), (1, 0))
+                                          (BT, BV), (1, 0))
                 b_dov = tl.load(p_dov, boundary_check=(0, 1))
                 b_accv += _dot((b_pt * b_lamv).to(b_dov.dtype), b_dov)
             b_dhv = b_dhv * tl.exp2(b_blv)[:, None] + b_accv
-        if STORE_DH0:
-            p0v = tl.make_block_ptr(dh0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(p0v, b_dhv, boundary_check=(0, 1))
+        if SEG_PASS:
+            i_j = i_nh * NS + i_sg
+            p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+            tl.store(p_e, b_dhv, boundary_check=(0, 1))
+        elif STORE_DH0:
+            if i_sg == 0:
+                p0v = tl.make_block_ptr(dh0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                tl.store(p0v, b_dhv, boundary_check=(0, 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -570,6 +638,13 @@ def _split(D: int) -> int:
     return min(64, next_pow2(D)) if is_interpreting() else 64
 
 
+def _segment_buffers(n: int, K: int, V: int, M: int, device):
+    """End states of the key and value memories ([n, K, M], [n, M, V]) and the total log2 slot
+    decays [n, M] of the segments of a segmented scan."""
+    f32 = dict(dtype=torch.float32, device=device)
+    return torch.empty(n, K, M, **f32), torch.empty(n, M, V, **f32), torch.empty(n, M, **f32)
+
+
 def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     B, T, HQ, K = q.shape
     H, V, M = k.shape[2], v.shape[3], s.shape[3]
@@ -584,12 +659,16 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     htk = q.new_empty(N, H, K, M, dtype=torch.float32) if output_final_state else None
     htv = q.new_empty(N, H, M, V, dtype=torch.float32) if output_final_state else None
     use_h0 = h0k is not None
-    _fwd_h_kernel[(NK + NV, N * H)](
-        k, v, s, g, hk, hv, h0k if use_h0 else hk, h0v if use_h0 else hv,
-        htk if output_final_state else hk, htv if output_final_state else hv,
-        cu_seqlens, chunk_offsets, T,
-        H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK,
-        USE_H0=use_h0, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None, **_cfg("fwd_h"))
+    NS = num_segments((NK + NV) * N * H, NTT // N, q.device)
+    seg = _segment_buffers(N * H * NS, K, V, M, q.device) if NS > 1 else (hk, hv, hk)
+    for seg_pass in ((True, False) if NS > 1 else (False,)):
+        _fwd_h_kernel[(NK + NV, N * H * NS)](
+            k, v, s, g, hk, hv, h0k if use_h0 else hk, h0v if use_h0 else hv,
+            htk if output_final_state else hk, htv if output_final_state else hv, *seg,
+            cu_seqlens, chunk_offsets, T,
+            H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS,
+            USE_H0=use_h0, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass,
+            **_cfg("fwd_h"))
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=q.device)
     z = torch.empty(B, T, HQ, M, dtype=torch.float32, device=q.device)
     p = torch.empty(B, T, HQ, M, dtype=q.dtype, device=q.device)
@@ -628,11 +707,14 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     use_dht = dhtk is not None
     dh0k = q.new_empty(N, H, K, M, dtype=torch.float32) if need_dh0 else None
     dh0v = q.new_empty(N, H, M, V, dtype=torch.float32) if need_dh0 else None
-    _bwd_dh_kernel[(NK + NV, N * H)](
-        q, g, p, dz, do, dhk, dhv, dhtk if use_dht else dhk, dhtv if use_dht else dhv,
-        dh0k if need_dh0 else dhk, dh0v if need_dh0 else dhv, cu_seqlens, chunk_offsets, scale, T,
-        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK,
-        USE_DHT=use_dht, STORE_DH0=need_dh0, IS_VARLEN=varlen, **_cfg("bwd_dh"))
+    NS = num_segments((NK + NV) * N * H, NTT // N, q.device)
+    seg = _segment_buffers(N * H * NS, K, V, M, q.device) if NS > 1 else (dhk, dhv, dhk)
+    for seg_pass in ((True, False) if NS > 1 else (False,)):
+        _bwd_dh_kernel[(NK + NV, N * H * NS)](
+            q, g, p, dz, do, dhk, dhv, dhtk if use_dht else dhk, dhtv if use_dht else dhv,
+            dh0k if need_dh0 else dhk, dh0v if need_dh0 else dhv, *seg, cu_seqlens, chunk_offsets, scale, T,
+            HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS,
+            USE_DHT=use_dht, STORE_DH0=need_dh0, IS_VARLEN=varlen, SEG_PASS=seg_pass, **_cfg("bwd_dh"))
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
