@@ -129,11 +129,12 @@ def _fwd_h_kernel(
         if USE_H0:
             p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
-        for j in range(i_sg):
-            i_j = i_nh * NS + j
-            p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
-            b_h = b_h * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+        if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            for j in range(i_sg):
+                i_j = i_nh * NS + j
+                p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+                b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
+                b_h = b_h * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
     b_dsum = tl.zeros([BK], dtype=tl.float32)
 
     for i_t in range(c_lo, c_hi):
@@ -273,11 +274,12 @@ def _bwd_dh_kernel(
         if USE_DHT:
             p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
-        for jj in range(NS - 1 - i_sg):
-            i_j = i_nh * NS + NS - 1 - jj
-            p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
-            b_dh = b_dh * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+        if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            for jj in range(NS - 1 - i_sg):
+                i_j = i_nh * NS + NS - 1 - jj
+                p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+                b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
+                b_dh = b_dh * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
     b_dsum = tl.zeros([BK], dtype=tl.float32)
 
     for i in range(c_hi - c_lo):

@@ -266,11 +266,12 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
-            for j in range(i_sg):
-                i_j = i_nh * NS + j
-                p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                b_h = b_h * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+                for j in range(i_sg):
+                    i_j = i_nh * NS + j
+                    p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                    b_h = b_h * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
         for i_t in range(c_lo, c_hi):
             if not SEG_PASS:
                 p_h = tl.make_block_ptr(hk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
@@ -300,11 +301,12 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
-            for j in range(i_sg):
-                i_j = i_nh * NS + j
-                p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                b_hv = b_hv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+                for j in range(i_sg):
+                    i_j = i_nh * NS + j
+                    p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                    b_hv = b_hv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
         for i_t in range(c_lo, c_hi):
             if not SEG_PASS:
                 p_hv = tl.make_block_ptr(hv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
@@ -450,11 +452,12 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
-            for jj in range(NS - 1 - i_sg):
-                i_j = i_nh * NS + NS - 1 - jj
-                p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                b_dh = b_dh * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+                for jj in range(NS - 1 - i_sg):
+                    i_j = i_nh * NS + NS - 1 - jj
+                    p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
+                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                    b_dh = b_dh * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
         for i in range(c_hi - c_lo):
             i_t = c_hi - 1 - i
             if not SEG_PASS:
@@ -490,11 +493,12 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
-            for jj in range(NS - 1 - i_sg):
-                i_j = i_nh * NS + NS - 1 - jj
-                p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-                b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                b_dhv = b_dhv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+                for jj in range(NS - 1 - i_sg):
+                    i_j = i_nh * NS + NS - 1 - jj
+                    p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
+                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
+                    b_dhv = b_dhv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
         for i in range(c_hi - c_lo):
             i_t = c_hi - 1 - i
             if not SEG_PASS:
