@@ -44,8 +44,11 @@ SHAPES = [  # name, B, T, HQ, H, D
 SWEEP = [  # overrides of tc.CONFIGS
     {},
     {"fwd_o": (8, 2), "bwd_dp": (8, 2)},
+    {"fwd_o": (4, 3), "bwd_dp": (4, 3)},
     {"bwd_dqk": (4, 1), "bwd_dvs": (4, 1)},
-    {"fwd_h": (4, 3), "bwd_dh": (4, 3)},
+    {"bwd_dqk": (8, 2), "bwd_dvs": (8, 2)},
+    {"bwd_dqk": (4, 2), "bwd_dvs": (4, 2)},
+    {"fwd_h": (8, 2), "bwd_dh": (8, 2)},
 ]
 
 
@@ -70,9 +73,9 @@ def fwd_and_fwdbwd(fn, args):
         with torch.no_grad():
             fn(*args)
 
-    def fwdbwd():
+    def fwdbwd():   # gradients returned, not accumulated into .grad (as bench_linear_ops.py)
         o = fn(*args)[0]
-        torch.autograd.backward(o, do)
+        torch.autograd.grad(o, [a for a in args if a.requires_grad], do)
     return bench(fwd), bench(fwdbwd)
 
 
@@ -115,31 +118,9 @@ def grad_check(B=1, T=300, HQ=8, H=2, D=128):
     return max(errs), errs
 
 
-def profile_kernels(iters=5):
-    """Per-kernel CUDA time of one forward+backward at the Mistral shape (torch.profiler)."""
-    a = make(4, 4096, 32, 8, 128)
-    do = torch.randn(4, 4096, 32, 128, device=DEV, dtype=DT)
-    for _ in range(2):
-        ours(*a)[0].backward(do)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            ours(*a)[0].backward(do)
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            rows[e.name] = rows.get(e.name, 0.0) + e.device_time_total / 1000 / iters
-    out = ["## Per-kernel time, one fwd+bwd, Mistral shape (ms)", "", "| kernel | ms |", "|---|---|"]
-    for name, t in sorted(rows.items(), key=lambda x: -x[1]):
-        out.append(f"| {name[:60]} | {t:.3f} |")
-    return out + [""]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="per-kernel times at the Mistral shape")
     ap.add_argument("--fla-chunk", action="store_true",
                     help="also time fla chunk_gsa (its autotune takes minutes on first call)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -160,10 +141,6 @@ def main():
                  f"max rel err {err:.2e} (o, dq, dk, dv, ds, dg = {', '.join(f'{e:.1e}' for e in errs)})")
     lines.append("")
     print("\n".join(lines), flush=True)
-
-    if args.profile:
-        lines += profile_kernels()
-        print("\n".join(lines[-12:]), flush=True)
 
     if args.sweep:
         base = dict(tc.CONFIGS)
