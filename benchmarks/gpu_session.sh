@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Everything a GPU session checks, in one device call: the GPU tests (one pytest process per file, so a
+# Everything a GPU session checks: the GPU tests (one pytest process per file, so a
 # CUDA fault in one cannot poison the others), then every benchmark table. Logs and tables go to $OUT
 # (the device tool brings that folder back) or benchmarks/results.
-#   bash benchmarks/gpu_session.sh            # tests + benchmarks (about 8 minutes on an H100)
-#   bash benchmarks/gpu_session.sh tests      # tests only
+#   bash benchmarks/gpu_session.sh tests      # tests only (about 9 minutes on an H100, mostly compiling)
+#   bash benchmarks/gpu_session.sh bench      # benchmark tables only (about 5 minutes)
+#   bash benchmarks/gpu_session.sh            # both: more than one 10-minute device call holds
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-for test_file in tests/ops/test_triton_gla.py tests/ops/test_triton_gsa.py tests/ops/test_triton_fox.py \
+mode=${1:-all}
+[ "$mode" = bench ] || for test_file in tests/ops/test_triton_utils.py tests/ops/test_triton_gla.py tests/ops/test_triton_gsa.py tests/ops/test_triton_fox.py \
                  tests/ops/test_gla.py tests/ops/test_gsa.py tests/models/test_cuda.py; do
     echo "== $test_file"
     timeout 300 python -m pytest -q --tb=short -p no:cacheprovider "$test_file" 2>&1 | tail -15
 done | tee "$out/gpu_tests.log"
-[ "${1:-all}" = tests ] && exit 0
+[ "$mode" = tests ] && exit 0
 timeout 300 python benchmarks/bench_linear_ops.py --no-fla 2>&1 | tee "$out/bench_linear_ops.log" | tail -40
 timeout 200 python benchmarks/bench_gsa.py --out "$out" 2>&1 | tail -20
 timeout 200 python benchmarks/bench_fox.py --out "$out" 2>&1 | tail -20
