@@ -95,6 +95,35 @@ def _anchored(b, BT: tl.constexpr):
     return tl.exp2(tl.minimum(b - b_ba[None, :], _CLAMP)), tl.exp2(tl.minimum(b_ba[None, :] - b, _CLAMP))
 
 
+@triton.jit
+def _gated_scores(acc, b_qs, b_k, b_b, BT: tl.constexpr, BS: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """acc + this K-block's share of A_ij = sum_k q_ik k_jk 2^(b_ik - b_jk) ([i, j]; [j, i] when
+    TRANSPOSED, as its own product: see the note on tl.trans above), for every i and the keys
+    j <= i (entries above the diagonal are left for the caller to mask). One anchored product
+    when the chunk's gates allow it, else one per BS-row sub-block."""
+    dt = b_k.dtype
+    if _one_anchor(b_b):
+        e_q, e_k = _anchored(b_b, BT)
+        b_qa, b_ka = (b_qs * e_q).to(dt), (b_k * e_k).to(dt)
+        if TRANSPOSED:
+            acc += tl.dot(b_ka, tl.trans(b_qa))
+        else:
+            acc += tl.dot(b_qa, tl.trans(b_ka))
+    else:
+        o_i = tl.arange(0, BT)
+        for s in tl.static_range(BT // BS):
+            b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
+            m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
+            m_k = o_i < s * BS + BS
+            b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.).to(dt)
+            b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.).to(dt)
+            if TRANSPOSED:
+                acc += tl.dot(b_ka, tl.trans(b_qa))
+            else:
+                acc += tl.dot(b_qa, tl.trans(b_ka))
+    return acc
+
+
 # --------------------------------------------------------------------------------------
 # forward: chunk states
 # --------------------------------------------------------------------------------------
@@ -218,17 +247,7 @@ def _fwd_o_kernel(
             p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
             b_b = tl.cumsum(tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E, axis=0)
             b_o += tl.dot((b_qs * tl.exp2(b_b)).to(b_q.dtype), b_h)
-            if _one_anchor(b_b):
-                e_q, e_k = _anchored(b_b, BT)
-                b_A += tl.dot((b_qs * e_q).to(b_q.dtype), tl.trans((b_k * e_k).to(b_k.dtype)))
-            else:
-                for s in tl.static_range(BT // BS):
-                    b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
-                    m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
-                    m_k = o_i < s * BS + BS
-                    b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
-                    b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
-                    b_A += tl.dot(b_qa.to(b_q.dtype), tl.trans(b_ka.to(b_k.dtype)))
+            b_A = _gated_scores(b_A, b_qs, b_k, b_b, BT, BS, False)
     if SCALAR:
         b_A = tl.where(m_s, b_A * tl.exp2(b_b[:, None] - b_b[None, :]), 0.)
     else:
@@ -383,17 +402,7 @@ def _bwd_dv_kernel(
             else:
                 p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
                 b_b = tl.cumsum(tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E, axis=0)
-                if _one_anchor(b_b):
-                    e_q, e_k = _anchored(b_b, BT)
-                    b_At += tl.dot((b_k * e_k).to(b_k.dtype), tl.trans((b_qs * e_q).to(b_q.dtype)))
-                else:
-                    for s in tl.static_range(BT // BS):
-                        b_ba = tl.sum(tl.where((o_i == s * BS + BS // 2)[:, None], b_b, 0.), axis=0)
-                        m_q = (o_i >= s * BS) & (o_i < s * BS + BS)
-                        m_k = o_i < s * BS + BS
-                        b_qa = tl.where(m_q[:, None], b_qs * tl.exp2(tl.minimum(b_b - b_ba[None, :], _CLAMP)), 0.)
-                        b_ka = tl.where(m_k[:, None], b_k * tl.exp2(tl.minimum(b_ba[None, :] - b_b, _CLAMP)), 0.)
-                        b_At += tl.dot(b_ka.to(b_k.dtype), tl.trans(b_qa.to(b_q.dtype)))
+                b_At = _gated_scores(b_At, b_qs, b_k, b_b, BT, BS, True)
         if SCALAR:
             b_At = tl.where(m_t, b_At * tl.exp2(b_b[None, :] - b_b[:, None]), 0.)
         else:
