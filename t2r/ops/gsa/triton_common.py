@@ -1,0 +1,169 @@
+"""Shared Triton pieces of the GSA kernels (see triton_chunk.py for the algorithm): chunk and
+sequence bounds, tile loads, the in-chunk gate cumsum, and the anchored decay factors and mixes
+that put the per-slot decay 2^(b_i - b_j) on tensor cores."""
+import os
+
+import triton
+import triton.language as tl
+
+from ..triton_utils import RCP_LN2
+
+_LOG2E = tl.constexpr(RCP_LN2)
+_CLAMP = tl.constexpr(100.0)
+# Largest log2 spread of the gate cumsum in a chunk for which one anchor is used (see _block_rows).
+_ONE_ANCHOR_SPAN = tl.constexpr(100.0)
+# fp32 inputs: tensor-core dots in tf32 (default) or exact fp32 FMA ("ieee").
+_PREC = tl.constexpr(os.environ.get("T2R_GSA_FP32_DOT", "tf32"))
+
+
+@triton.jit
+def _dot(a, b):
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision=_PREC)
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(i_t chunk within its sequence, bos, T of the sequence, global chunk index)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_tc * 2)
+        i_t = tl.load(chunk_indices + i_tc * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        i_c = i_tc.to(tl.int64)
+    else:
+        i_t = i_tc
+        bos = (i_b * T).to(tl.int64)
+        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
+    return i_t, bos, T, i_c
+
+
+@triton.jit
+def _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(bos, T, number of chunks, index of the first chunk) of sequence i_n."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        NT = tl.cdiv(T, BT)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = (i_n * T).to(tl.int64)
+        NT = tl.cdiv(T, BT)
+        boh = (i_n * NT).to(tl.int64)
+    return bos, T, NT, boh
+
+
+@triton.jit
+def _load_rows(x, bos, i_t, T, i_h, NH: tl.constexpr, D: tl.constexpr,
+               BT: tl.constexpr, BD: tl.constexpr):
+    """Rows [i_t*BT, +BT) of head i_h of a [.., T, NH, D] tensor as a [BT, BD] tile (zero padded)."""
+    p = tl.make_block_ptr(x + (bos * NH + i_h) * D, (T, D), (NH * D, 1), (i_t * BT, 0), (BT, BD), (1, 0))
+    return tl.load(p, boundary_check=(0, 1))
+
+
+@triton.jit
+def _load_rows_t(x, bos, i_t, T, i_h, NH: tl.constexpr, D: tl.constexpr,
+                 BT: tl.constexpr, BD: tl.constexpr):
+    """The same tile transposed: [BD, BT]."""
+    p = tl.make_block_ptr(x + (bos * NH + i_h) * D, (D, T), (1, NH * D), (0, i_t * BT), (BD, BT), (0, 1))
+    return tl.load(p, boundary_check=(0, 1))
+
+
+@triton.jit
+def _store_rows(x, val, bos, i_t, T, i_h, NH: tl.constexpr, D: tl.constexpr,
+                BT: tl.constexpr, BD: tl.constexpr):
+    p = tl.make_block_ptr(x + (bos * NH + i_h) * D, (T, D), (NH * D, 1), (i_t * BT, 0), (BT, BD), (1, 0))
+    tl.store(p, val.to(p.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def _gate_cumsum(g, bos, i_t, T, i_h, H: tl.constexpr, M: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):
+    """b [BT, BM]: log2 cumulative slot decay inside the chunk (padded rows repeat the last)."""
+    b_g = _load_rows(g, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32) * _LOG2E
+    return tl.cumsum(b_g, axis=0)
+
+
+@triton.jit
+def _block_rows(b, BT: tl.constexpr, BS: tl.constexpr):
+    """Rows per anchor block for this chunk: all BT when a single anchor row keeps every factor
+    2^(b_i - b_a), 2^(b_a - b_j) within 2^+-_ONE_ANCHOR_SPAN (each mix below is then one product),
+    else BS. Trained GSA gates (logsigmoid / 8) always give BT."""
+    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
+    return tl.where(span <= _ONE_ANCHOR_SPAN, BT, BS)
+
+
+@triton.jit
+def _row_anchor(b, I, bs, BT: tl.constexpr):
+    """b at the anchor (middle) row of row block I of bs rows: [BM]."""
+    o_i = tl.arange(0, BT)
+    return tl.sum(tl.where((o_i == I * bs + bs // 2)[:, None], b, 0.), axis=0)
+
+
+@triton.jit
+def _in_block(I, bs, BT: tl.constexpr):
+    o_i = tl.arange(0, BT)
+    return ((o_i >= I * bs) & (o_i < I * bs + bs))[:, None]
+
+
+@triton.jit
+def _anchor_factor(b, bs, BT: tl.constexpr):
+    """F_i = 2^(b_i - b_a(i)) with a(i) the anchor row of i's block: [BT, BM]."""
+    b_anc = tl.zeros_like(b)
+    for I in range(BT // bs):
+        b_anc += tl.where(_in_block(I, bs, BT), _row_anchor(b, I, bs, BT)[None, :], 0.)
+    return tl.exp2(tl.minimum(b - b_anc, _CLAMP))
+
+
+@triton.jit
+def _key_factor(b, I, bs, BT: tl.constexpr):
+    """H^I_j = 2^(b_a(I) - b_j) for keys j up to the end of row block I, else 0: [BT, BM]."""
+    m_k = tl.arange(0, BT) < I * bs + bs
+    b_a = _row_anchor(b, I, bs, BT)
+    return tl.where(m_k[:, None], tl.exp2(tl.minimum(b_a[None, :] - b, _CLAMP)), 0.)
+
+
+@triton.jit
+def _mix(A, s, b, F, bs, BT: tl.constexpr):
+    """mix(X, s) of the module docstring for X = A [BT, BT] (in the dot dtype): [BT, BM] fp32."""
+    acc = tl.zeros_like(F)
+    for I in range(BT // bs):
+        sh = (s * _key_factor(b, I, bs, BT)).to(A.dtype)
+        acc += tl.where(_in_block(I, bs, BT), _dot(A, sh), 0.)
+    return F * acc
+
+
+@triton.jit
+def _mix_t(X, s, b, like, bs, BT: tl.constexpr):
+    """[BT, BT]: entry (i, j) = sum_m X_i[m] s_j[m] 2^(b_i[m] - b_j[m]) for X = Y * F (fp32); the
+    lower triangle is the pass-2 matrix A2 (or dA1 in the backward). Dots in like's dtype."""
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    for I in range(BT // bs):
+        sh = (s * _key_factor(b, I, bs, BT)).to(like.dtype)
+        acc += _dot(tl.where(_in_block(I, bs, BT), X, 0.).to(like.dtype), tl.trans(sh))
+    return acc
+
+
+@triton.jit
+def _mix_bwd(X, Y, s, b, bs, BT: tl.constexpr):
+    """The two products of the backward kernels for X = Y' * F (fp32), Y [BT, BT] (dot dtype):
+    (sum_I (s * H^I) @ X_I^T [BT, BT] (keys j, rows i), sum_I H^I * (Y @ X_I) [BT, BM])."""
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    ds = tl.zeros_like(X)
+    for I in range(BT // bs):
+        h = _key_factor(b, I, bs, BT)
+        x = tl.where(_in_block(I, bs, BT), X, 0.).to(Y.dtype)
+        acc += _dot((s * h).to(Y.dtype), tl.trans(x))
+        ds += h * _dot(Y, x)
+    return acc, ds
+
+
+@triton.jit
+def _softmax_rows(z, M: tl.constexpr, BM: tl.constexpr):
+    o_m = tl.arange(0, BM)
+    z = tl.where((o_m < M)[None, :], z, float("-inf"))
+    e = tl.exp2((z - tl.max(z, axis=1)[:, None]) * _LOG2E)
+    return e / tl.sum(e, axis=1)[:, None]

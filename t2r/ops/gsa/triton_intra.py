@@ -1,0 +1,201 @@
+"""Triton per-chunk kernels of GSA (see triton_chunk.py), fully parallel over chunks: the
+forward logits, softmax and outputs, and the three backward kernels (dp and dq per query
+head; dk and dv with their parts of ds and of the gate gradient per kv head)."""
+import triton
+import triton.language as tl
+
+from .triton_common import (_anchor_factor, _block_rows, _chunk_bounds, _dot, _gate_cumsum, _load_rows,
+                            _mix, _mix_bwd, _mix_t, _softmax_rows, _store_rows)
+
+
+# --------------------------------------------------------------------------------------
+# forward: logits, softmax, outputs
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_o_kernel(
+    q, k, v, s, g, hk, hv, o, z, p, cu_seqlens, chunk_indices, scale, T,
+    HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    G: tl.constexpr = HQ // H
+    i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h * G + i_g
+    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_causal = o_i[:, None] >= o_i[None, :]
+
+    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
+    b_q = _load_rows(q, bos, i_t, T, i_hq, HQ, K, BT, BK)
+    b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
+    dt = b_k.dtype
+    b_qs = (b_q.to(tl.float32) * scale).to(dt)
+    p_hk = tl.make_block_ptr(hk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
+    b_K0 = tl.load(p_hk, boundary_check=(0, 1)).to(dt)
+
+    # pass 1: slot logits
+    b_z = _dot(b_qs, b_K0) * tl.exp2(b_b)
+    b_A = tl.where(m_causal, _dot(b_qs, tl.trans(b_k)), 0.).to(dt)
+    b_z += _mix(b_A, b_s, b_b, b_F, bs, BT)
+    _store_rows(z, b_z, bos, i_t, T, i_hq, HQ, M, BT, BM)
+    b_p = _softmax_rows(b_z, M, BM)
+    _store_rows(p, b_p, bos, i_t, T, i_hq, HQ, M, BT, BM)
+
+    # pass 2: read the value slots
+    p_hv = tl.make_block_ptr(hv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
+    b_V0 = tl.load(p_hv, boundary_check=(0, 1)).to(dt)
+    b_o = _dot((b_p * tl.exp2(b_b)).to(dt), b_V0)
+    b_A2 = _mix_t(b_p * b_F, b_s, b_b, b_V0, bs, BT)
+    b_A2 = tl.where(m_causal, b_A2, 0.)
+    b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
+    b_o += _dot(b_A2.to(dt), b_v)
+    _store_rows(o, b_o, bos, i_t, T, i_hq, HQ, V, BT, BV)
+
+
+# --------------------------------------------------------------------------------------
+# backward: dp (gradient of the slot weights through pass 2), per query head
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dp_kernel(
+    q, k, v, s, g, hk, hv, z, do, dz, r, dq, cu_seqlens, chunk_indices, scale, T,
+    HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    G: tl.constexpr = HQ // H
+    i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h * G + i_g
+    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_causal = o_i[:, None] >= o_i[None, :]
+
+    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
+    b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
+    dt = b_v.dtype
+    b_do = _load_rows(do, bos, i_t, T, i_hq, HQ, V, BT, BV).to(dt)
+    p_hv = tl.make_block_ptr(hv + (i_c * H + i_h) * M * V, (V, M), (1, V), (0, 0), (BV, BM), (0, 1))
+    b_V0t = tl.load(p_hv, boundary_check=(0, 1)).to(dt)
+    b_dp = _dot(b_do, b_V0t) * tl.exp2(b_b)
+    b_dA = tl.where(m_causal, _dot(b_do, tl.trans(b_v)), 0.).to(dt)
+    b_dp += _mix(b_dA, b_s, b_b, b_F, bs, BT)
+    b_z = _load_rows(z, bos, i_t, T, i_hq, HQ, M, BT, BM)
+    b_p = _softmax_rows(b_z, M, BM)
+    b_dz = b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None])
+    _store_rows(dz, b_dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
+    _store_rows(r, b_z * b_dz + b_p * b_dp, bos, i_t, T, i_hq, HQ, M, BT, BM)
+
+    # dq = scale * [(dz * Lam) @ K0^T + tril(dA1) @ k],  dA1_ij = sum_m dz_i[m] s_j[m] 2^(b_i[m]-b_j[m])
+    b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
+    p_hk = tl.make_block_ptr(hk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
+    b_K0 = tl.load(p_hk, boundary_check=(0, 1)).to(dt)
+    b_dA1 = _mix_t(b_dz * b_F, b_s, b_b, b_v, bs, BT)
+    b_dA1 = tl.where(m_causal, b_dA1, 0.).to(dt)
+    b_dq = _dot((b_dz * tl.exp2(b_b)).to(dt), tl.trans(b_K0)) + _dot(b_dA1, b_k)
+    _store_rows(dq, b_dq * scale, bos, i_t, T, i_hq, HQ, K, BT, BK)
+
+
+# --------------------------------------------------------------------------------------
+# backward: pass 1 (dq, dk, ds part 1, row terms of the gate gradient)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dqk_kernel(
+    q, k, s, g, dz, r, dhk, dk, ds1, dB, cu_seqlens, chunk_indices, scale, T,
+    HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    G: tl.constexpr = HQ // H
+    i_b, i_h = i_bh // H, i_bh % H
+    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_causal_t = o_i[:, None] <= o_i[None, :]      # [j, i]: j <= i
+
+    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
+    b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
+    dt = b_k.dtype
+
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_ds = tl.zeros([BT, BM], dtype=tl.float32)
+    b_r = tl.zeros([BT, BM], dtype=tl.float32)
+    for i_g in range(G):
+        i_hq = i_h * G + i_g
+        b_q = _load_rows(q, bos, i_t, T, i_hq, HQ, K, BT, BK)
+        b_qs = (b_q.to(tl.float32) * scale).to(dt)
+        b_dz = _load_rows(dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
+        b_r += _load_rows(r, bos, i_t, T, i_hq, HQ, M, BT, BM)
+        b_At = tl.where(m_causal_t, _dot(b_k, tl.trans(b_qs)), 0.).to(dt)   # A1^T [j, i]
+        b_dAt, b_dsg = _mix_bwd(b_dz * b_F, b_At, b_s, b_b, bs, BT)
+        b_ds += b_dsg
+        b_dAt = tl.where(m_causal_t, b_dAt, 0.).to(dt)
+        b_dk += _dot(b_dAt, b_qs)
+    b_bl = tl.sum(tl.where((o_i == BT - 1)[:, None], b_b, 0.), axis=0)
+    b_gam = tl.exp2(b_bl[None, :] - b_b)
+    p_dh = tl.make_block_ptr(dhk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
+    b_dKn = tl.load(p_dh, boundary_check=(0, 1)).to(dt)
+    b_sg = (b_s * b_gam).to(dt)
+    b_dk += _dot(b_sg, tl.trans(b_dKn))
+    b_ds += b_gam * _dot(b_k, b_dKn)
+    _store_rows(dk, b_dk, bos, i_t, T, i_h, H, K, BT, BK)
+    _store_rows(ds1, b_ds, bos, i_t, T, i_h, H, M, BT, BM)
+    _store_rows(dB, b_r - b_s * b_ds, bos, i_t, T, i_h, H, M, BT, BM)
+
+
+# --------------------------------------------------------------------------------------
+# backward: pass 2 (dv, ds, per-step gate gradient)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dvs_kernel(
+    v, s, g, p, do, dhv, dv, ds1, ds, dB, cu_seqlens, chunk_indices, T,
+    HQ: tl.constexpr, H: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    G: tl.constexpr = HQ // H
+    i_b, i_h = i_bh // H, i_bh % H
+    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_causal_t = o_i[:, None] <= o_i[None, :]
+
+    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
+    b_bl = tl.sum(tl.where((o_i == BT - 1)[:, None], b_b, 0.), axis=0)
+    b_gam = tl.exp2(b_bl[None, :] - b_b)
+    bs = _block_rows(b_b, BT, BS)
+    b_F = _anchor_factor(b_b, bs, BT)
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
+    b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
+    dt = b_v.dtype
+    p_dh = tl.make_block_ptr(dhv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
+    b_dVn = tl.load(p_dh, boundary_check=(0, 1)).to(dt)
+
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    b_ds = tl.zeros([BT, BM], dtype=tl.float32)
+    for i_g in range(G):
+        i_hq = i_h * G + i_g
+        b_do = _load_rows(do, bos, i_t, T, i_hq, HQ, V, BT, BV).to(dt)
+        b_pF = _load_rows(p, bos, i_t, T, i_hq, HQ, M, BT, BM).to(tl.float32) * b_F
+        b_dAt = tl.where(m_causal_t, _dot(b_v, tl.trans(b_do)), 0.).to(dt)   # dA2^T [j, i]
+        b_At, b_dsg = _mix_bwd(b_pF, b_dAt, b_s, b_b, bs, BT)
+        b_ds += b_dsg
+        b_At = tl.where(m_causal_t, b_At, 0.).to(dt)
+        b_dv += _dot(b_At, b_do)
+    b_sg = (b_s * b_gam).to(dt)
+    b_dv += _dot(b_sg, b_dVn)
+    b_ds += b_gam * _dot(b_v, tl.trans(b_dVn))
+    _store_rows(dv, b_dv, bos, i_t, T, i_h, H, V, BT, BV)
+    b_ds1 = _load_rows(ds1, bos, i_t, T, i_h, H, M, BT, BM)
+    b_dB = _load_rows(dB, bos, i_t, T, i_h, H, M, BT, BM)
+    _store_rows(ds, b_ds1 + b_ds, bos, i_t, T, i_h, H, M, BT, BM)
+    _store_rows(dB, b_dB - b_s * b_ds, bos, i_t, T, i_h, H, M, BT, BM)
