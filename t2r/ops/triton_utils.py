@@ -1,6 +1,7 @@
 """Shared pieces of the Triton linear-attention kernels (GLA, simple GLA, GSA).
 
 * ``prepare_chunks``: chunk bookkeeping for packed variable-length batches.
+* ``chunk_bounds`` / ``seq_bounds``: where a program's chunk or sequence lies (fixed length or packed).
 * ``num_segments`` / ``segment_of_sequence``: cutting long sequences into segments so that
   state scans run in parallel when batch x heads alone cannot fill the GPU.
 * ``reverse_cumsum``: the last step of every gate gradient, dg_t = sum_{s >= t} dG_s,
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting", "num_segments",
-           "segment_of_sequence"]
+           "segment_of_sequence", "chunk_bounds", "seq_bounds"]
 
 RCP_LN2 = 1.4426950408889634  # 1 / ln 2
 
@@ -77,6 +78,40 @@ def prepare_chunks(
     local = torch.arange(total, device=cu.device) - offsets[seq]
     indices = torch.stack([seq, local], 1).to(torch.int32).contiguous()
     return N, total, indices, offsets.to(torch.int32).contiguous()
+
+
+@triton.jit
+def chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(i_t chunk within its sequence, bos, T of the sequence, global chunk index) of program chunk i_tc
+    (batch i_b without cu_seqlens; the chunk table of prepare_chunks with them)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_tc * 2)
+        i_t = tl.load(chunk_indices + i_tc * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        i_c = i_tc.to(tl.int64)
+    else:
+        i_t = i_tc
+        bos = (i_b * T).to(tl.int64)
+        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
+    return i_t, bos, T, i_c
+
+
+@triton.jit
+def seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(bos, T, number of chunks, index of the first chunk) of sequence i_n."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        NT = tl.cdiv(T, BT)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = (i_n * T).to(tl.int64)
+        NT = tl.cdiv(T, BT)
+        boh = (i_n * NT).to(tl.int64)
+    return bos, T, NT, boh
 
 
 SEGMENTS: Optional[int] = None

@@ -3,6 +3,7 @@ chunks: the forward outputs and the backward dv and dq / dk / gate-gradient kern
 import triton
 import triton.language as tl
 
+from ..triton_utils import chunk_bounds
 from .triton_common import _CLAMP, _LOG2E, _anchored, _gated_scores, _one_anchor, _scalar_gate
 
 
@@ -19,17 +20,7 @@ def _fwd_o_kernel(
     i_v, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hq = i_bh // HQ, i_bh % HQ
     i_h = i_hq // (HQ // H)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_tg * 2)
-        i_t = tl.load(chunk_indices + i_tg * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        i_c = i_tg.to(tl.int64)
-    else:
-        i_t = i_tg
-        bos = (i_b * T).to(tl.int64)
-        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
+    i_t, bos, T, i_c = chunk_bounds(i_tg, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
 
     o_i = tl.arange(0, BT)
     m_s = o_i[:, None] >= o_i[None, :]
@@ -77,17 +68,7 @@ def _bwd_dv_kernel(
     i_v, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     G: tl.constexpr = HQ // H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_tg * 2)
-        i_t = tl.load(chunk_indices + i_tg * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        i_c = i_tg.to(tl.int64)
-    else:
-        i_t = i_tg
-        bos = (i_b * T).to(tl.int64)
-        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
+    i_t, bos, T, i_c = chunk_bounds(i_tg, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
 
     o_i = tl.arange(0, BT)
     m_t = o_i[:, None] <= o_i[None, :]   # [j, i]: key j <= query i
@@ -151,17 +132,7 @@ def _bwd_dqk_kernel(
     i_k, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     G: tl.constexpr = HQ // H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_tg * 2)
-        i_t = tl.load(chunk_indices + i_tg * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        i_c = i_tg.to(tl.int64)
-    else:
-        i_t = i_tg
-        bos = (i_b * T).to(tl.int64)
-        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
+    i_t, bos, T, i_c = chunk_bounds(i_tg, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
 
     # The diagonal of dA (i == j, decay 1) is kept out of the dG sums and added to dq/dk
     # afterwards: its q*dq and k*dk parts cancel exactly, in fp32 they would not.

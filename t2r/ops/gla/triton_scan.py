@@ -4,7 +4,7 @@ chunks; long sequences run as parallel segments (triton_utils.segment_of_sequenc
 import triton
 import triton.language as tl
 
-from ..triton_utils import segment_of_sequence
+from ..triton_utils import segment_of_sequence, seq_bounds
 from .triton_common import _LOG2E, _scalar_gate
 
 
@@ -24,16 +24,7 @@ def _fwd_h_kernel(
     i_k, i_v, i_nhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        NT = tl.cdiv(T, BT)
-        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = (i_n * T).to(tl.int64)
-        NT = tl.cdiv(T, BT)
-        boh = (i_n * NT).to(tl.int64)
+    bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
     o_k = i_k * BK + tl.arange(0, BK)
 
@@ -101,16 +92,7 @@ def _bwd_dh_kernel(
     i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     G: tl.constexpr = HQ // H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        NT = tl.cdiv(T, BT)
-        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = (i_n * T).to(tl.int64)
-        NT = tl.cdiv(T, BT)
-        boh = (i_n * NT).to(tl.int64)
+    bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
     o_k = i_k * BK + tl.arange(0, BK)
 

@@ -25,39 +25,6 @@ def _dot(a, b):
 
 
 @triton.jit
-def _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(i_t chunk within its sequence, bos, T of the sequence, global chunk index)."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_tc * 2)
-        i_t = tl.load(chunk_indices + i_tc * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        i_c = i_tc.to(tl.int64)
-    else:
-        i_t = i_tc
-        bos = (i_b * T).to(tl.int64)
-        i_c = (i_b * tl.cdiv(T, BT) + i_t).to(tl.int64)
-    return i_t, bos, T, i_c
-
-
-@triton.jit
-def _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(bos, T, number of chunks, index of the first chunk) of sequence i_n."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        NT = tl.cdiv(T, BT)
-        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = (i_n * T).to(tl.int64)
-        NT = tl.cdiv(T, BT)
-        boh = (i_n * NT).to(tl.int64)
-    return bos, T, NT, boh
-
-
-@triton.jit
 def _load_rows(x, bos, i_t, T, i_h, NH: tl.constexpr, D: tl.constexpr,
                BT: tl.constexpr, BD: tl.constexpr):
     """Rows [i_t*BT, +BT) of head i_h of a [.., T, NH, D] tensor as a [BT, BD] tile (zero padded)."""

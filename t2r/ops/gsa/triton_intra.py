@@ -4,8 +4,9 @@ head; dk and dv with their parts of ds and of the gate gradient per kv head)."""
 import triton
 import triton.language as tl
 
-from .triton_common import (_anchor_factor, _block_rows, _chunk_bounds, _dot, _gate_cumsum, _load_rows,
-                            _mix, _mix_bwd, _mix_t, _softmax_rows, _store_rows)
+from ..triton_utils import chunk_bounds
+from .triton_common import (_anchor_factor, _block_rows, _dot, _gate_cumsum, _load_rows, _mix, _mix_bwd, _mix_t,
+                            _softmax_rows, _store_rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -22,7 +23,7 @@ def _fwd_o_kernel(
     G: tl.constexpr = HQ // H
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h * G + i_g
-    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_causal = o_i[:, None] >= o_i[None, :]
 
@@ -70,7 +71,7 @@ def _bwd_dp_kernel(
     G: tl.constexpr = HQ // H
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h * G + i_g
-    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_causal = o_i[:, None] >= o_i[None, :]
 
@@ -115,7 +116,7 @@ def _bwd_dqk_kernel(
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = HQ // H
     i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_causal_t = o_i[:, None] <= o_i[None, :]      # [j, i]: j <= i
 
@@ -165,7 +166,7 @@ def _bwd_dvs_kernel(
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = HQ // H
     i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = _chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_causal_t = o_i[:, None] <= o_i[None, :]
 

@@ -4,8 +4,8 @@ chunks; long sequences run as parallel segments (triton_utils.segment_of_sequenc
 import triton
 import triton.language as tl
 
-from ..triton_utils import segment_of_sequence
-from .triton_common import _LOG2E, _dot, _gate_cumsum, _load_rows, _load_rows_t, _seq_bounds
+from ..triton_utils import segment_of_sequence, seq_bounds
+from .triton_common import _LOG2E, _dot, _gate_cumsum, _load_rows, _load_rows_t
 
 
 # --------------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ def _fwd_h_kernel(
     i_s, i_nhs = tl.program_id(0), tl.program_id(1)
     i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
-    bos, T, NT, boh = _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
     o_m = tl.arange(0, BM)
     b_dsum = tl.zeros([BM], dtype=tl.float32)
@@ -117,7 +117,7 @@ def _bwd_dh_kernel(
     i_nh, i_sg = i_nhs // NS, i_nhs % NS
     i_n, i_h = i_nh // H, i_nh % H
     G: tl.constexpr = HQ // H
-    bos, T, NT, boh = _seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
     o_m = tl.arange(0, BM)
     b_dsum = tl.zeros([BM], dtype=tl.float32)
