@@ -135,9 +135,10 @@ def num_segments(programs: int, chunks_per_sequence: int, device: torch.device) 
 
 
 @triton.jit
-def segment_of_sequence(i_sg, NT, NS: tl.constexpr):
+def segment_of_sequence(i_sg, NT, NS):
     """[c_lo, c_hi): the chunks of segment i_sg when a sequence of NT chunks is cut into NS segments
-    (the last ones may be empty).
+    (the last ones may be empty). NS is a runtime value: kernels compile once per split / unsplit,
+    not once per segment count.
 
     Segmented state scans run in two launches: the first scans every segment from a zero state
     and stores its end state E_j and its total log2 decay D_j; the second starts segment i from

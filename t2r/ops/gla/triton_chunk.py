@@ -97,7 +97,7 @@ def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
     for seg_pass in ((True, False) if NS > 1 else (False,)):
         _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
             k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SCALAR=scalar, USE_H0=h0 is not None,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SPLIT=NS > 1, SCALAR=scalar, USE_H0=h0 is not None,
             IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass, **_cfg("fwd_h"))
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=v.device)
     cap = 128 if q.element_size() == 2 else 64   # fp32 tiles: half the size (shared memory)
@@ -126,7 +126,7 @@ def _bwd(q, k, v, g, h, ht, do, dht, scale, h0, cu_seqlens, scalar, BT, BS):
     for seg_pass in ((True, False) if NS > 1 else (False,)):
         _bwd_dh_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
             q, g, do, dh, dht, dh0, seg_h, seg_d, cu_seqlens, chunk_offsets, scale, T,
-            HQ=HQ, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SCALAR=scalar,
+            HQ=HQ, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SPLIT=NS > 1, SCALAR=scalar,
             USE_DHT=dht is not None, STORE_DH0=h0 is not None, IS_VARLEN=varlen, SEG_PASS=seg_pass,
             **_cfg("bwd_dh"))
 

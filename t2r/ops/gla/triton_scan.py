@@ -15,7 +15,7 @@ from .triton_common import _LOG2E, _scalar_gate
 def _fwd_h_kernel(
     k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS, SPLIT: tl.constexpr,
     SCALAR: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr, SEG_PASS: tl.constexpr,
 ):
     # one program per (K-block, V-block, sequence x head x segment); NS segments per sequence
@@ -33,7 +33,7 @@ def _fwd_h_kernel(
         if USE_H0:
             p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
-        if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+        if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
             for j in range(i_sg):
                 i_j = i_nh * NS + j
                 p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
@@ -83,7 +83,7 @@ def _fwd_h_kernel(
 def _bwd_dh_kernel(
     q, g, do, dh, dht, dh0, seg_h, seg_d, cu_seqlens, chunk_offsets, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS, SPLIT: tl.constexpr,
     SCALAR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     SEG_PASS: tl.constexpr,
 ):
@@ -101,7 +101,7 @@ def _bwd_dh_kernel(
         if USE_DHT:
             p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
-        if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+        if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
             for jj in range(NS - 1 - i_sg):
                 i_j = i_nh * NS + NS - 1 - jj
                 p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))

@@ -119,7 +119,7 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
             k, v, s, g, hk, hv, h0k if use_h0 else hk, h0v if use_h0 else hv,
             htk if output_final_state else hk, htv if output_final_state else hv, *seg,
             cu_seqlens, chunk_offsets, T,
-            H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS,
+            H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS, SPLIT=NS > 1,
             USE_H0=use_h0, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass,
             **_cfg("fwd_h"))
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=q.device)
@@ -166,7 +166,7 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
         _bwd_dh_kernel[(NK + NV, N * H * NS)](
             q, g, p, dz, do, dhk, dhv, dhtk if use_dht else dhk, dhtv if use_dht else dhv,
             dh0k if need_dh0 else dhk, dh0v if need_dh0 else dhv, *seg, cu_seqlens, chunk_offsets, scale, T,
-            HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS,
+            HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS, SPLIT=NS > 1,
             USE_DHT=use_dht, STORE_DH0=need_dh0, IS_VARLEN=varlen, SEG_PASS=seg_pass, **_cfg("bwd_dh"))
 
     dk = torch.empty_like(k)

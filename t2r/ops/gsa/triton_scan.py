@@ -16,7 +16,7 @@ def _fwd_h_kernel(
     k, v, s, g, hk, hv, h0k, h0v, htk, htv, seg_hk, seg_hv, seg_d, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, NK: tl.constexpr,
-    NS: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NS, SPLIT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
     SEG_PASS: tl.constexpr,
 ):
     # programs [0, NK): key-slot memory rows [i*BK, +BK); [NK, NK+NV): value columns; NS segments
@@ -36,7 +36,7 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
-            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
                 for j in range(i_sg):
                     i_j = i_nh * NS + j
                     p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
@@ -71,7 +71,7 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
-            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
                 for j in range(i_sg):
                     i_j = i_nh * NS + j
                     p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
@@ -109,7 +109,7 @@ def _bwd_dh_kernel(
     scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, NK: tl.constexpr,
-    NS: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NS, SPLIT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     SEG_PASS: tl.constexpr,
 ):
     # the reverse of _fwd_h_kernel's scans, segmented the same way (segments carried last to first)
@@ -128,7 +128,7 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
-            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
                 for jj in range(NS - 1 - i_sg):
                     i_j = i_nh * NS + NS - 1 - jj
                     p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
@@ -169,7 +169,7 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
-            if NS > 1:   # carry the state through the other segments (not compiled unsplit)
+            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
                 for jj in range(NS - 1 - i_sg):
                     i_j = i_nh * NS + NS - 1 - jj
                     p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
