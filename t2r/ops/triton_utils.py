@@ -150,22 +150,6 @@ def segment_of_sequence(i_sg, NT, NS):
 
 
 @triton.jit
-def _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(sequence, segment within it, bos, T of the sequence, global index of its first segment)."""
-    if IS_VARLEN:
-        i_n = tl.load(seg_indices + i_sg * 2)
-        i_s = tl.load(seg_indices + i_sg * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        first = i_sg - i_s
-    else:
-        i_n, i_s = i_b, i_sg
-        bos = (i_b * T).to(tl.int64)
-        first = i_b * tl.cdiv(T, SEG)
-    return i_n, i_s, bos, T, first
-
-
-@triton.jit
 def _segment_sum_kernel(
     x, seg_sum, cu_seqlens, seg_indices, T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, SEG: tl.constexpr,
@@ -174,13 +158,14 @@ def _segment_sum_kernel(
     # seg_sum[segment, h, d] = sum of x over the segment's SEG rows; one program per (D-block, segment, h).
     i_d, i_sg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_s, bos, T, first = _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
+    # segments are the "chunks" of prepare_chunks(..., SEG, ...): (segment in sequence, bos, T, global index)
+    i_s, bos, T, i_seg = chunk_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)
     b_acc = tl.zeros([BD], dtype=tl.float32)
     for i_t in range(i_s * (SEG // BT), tl.minimum(tl.cdiv(T, BT), (i_s + 1) * (SEG // BT))):
         p_x = tl.make_block_ptr(x + (bos * H + i_h) * D, (T, D), (H * D, 1), (i_t * BT, i_d * BD), (BT, BD), (1, 0))
         b_acc += tl.sum(tl.load(p_x, boundary_check=(0, 1)).to(tl.float32), axis=0)
-    tl.store(seg_sum + ((first + i_s) * H + i_h) * D + o_d, b_acc, mask=o_d < D)
+    tl.store(seg_sum + (i_seg * H + i_h) * D + o_d, b_acc, mask=o_d < D)
 
 
 @triton.jit
@@ -193,7 +178,12 @@ def _reverse_cumsum_kernel(
     # y = carry + (sums of the sequence's later segments) + reverse cumsum inside the segment.
     i_d, i_sg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_s, bos, T, first = _segment_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
+    i_s, bos, T, i_seg = chunk_bounds(i_sg, i_b, T, cu_seqlens, seg_indices, SEG, IS_VARLEN)
+    first = i_seg - i_s   # global index of the sequence's first segment
+    if IS_VARLEN:
+        i_n = tl.load(seg_indices + i_sg * 2)
+    else:
+        i_n = i_b
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     if HAS_CARRY:
