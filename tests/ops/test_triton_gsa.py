@@ -45,8 +45,10 @@ def make(B, T, HQ, H, K, V, M, gate="moderate", seed=0, h0=True, tied=False, n_s
 
 def fwd_bwd(fn, inputs, h0, dtype=torch.float32, **kw):
     """Run fn with output_final_state=True, backprop fixed cotangents, return fp32 results."""
-    leaves = {n: t.to(DEV, dtype).requires_grad_(True) for n, t in inputs.items()}
-    h = tuple(t.to(DEV).requires_grad_(True) for t in h0) if h0 is not None else None
+    # detach: fresh leaves per call (on the CPU .to() returns the same tensor, whose .grad would
+    # then be shared, and accumulated into, by every call of a comparison)
+    leaves = {n: t.to(DEV, dtype).detach().requires_grad_(True) for n, t in inputs.items()}
+    h = tuple(t.to(DEV).detach().requires_grad_(True) for t in h0) if h0 is not None else None
     o, (fk, fv) = fn(*leaves.values(), initial_state=h, output_final_state=True, **kw)
     gen = torch.Generator().manual_seed(1234)
     cot = [torch.randn(t.shape, generator=gen).to(DEV) for t in (o, fk, fv)]
