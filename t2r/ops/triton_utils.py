@@ -2,8 +2,9 @@
 
 * ``prepare_chunks``: chunk bookkeeping for packed variable-length batches.
 * ``chunk_bounds`` / ``seq_bounds``: where a program's chunk or sequence lies (fixed length or packed).
-* ``num_segments`` / ``segment_of_sequence``: cutting long sequences into segments so that
-  state scans run in parallel when batch x heads alone cannot fill the GPU.
+* ``num_segments`` / ``segment_of_sequence`` / ``carry_through_segments`` / ``store_segment``:
+  cutting long sequences into segments so that state scans run in parallel when batch x heads
+  alone cannot fill the GPU.
 * ``reverse_cumsum``: the last step of every gate gradient, dg_t = sum_{s >= t} dG_s,
   per sequence, with an optional carry (the final-state term) added to every step.
 
@@ -16,7 +17,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting", "num_segments",
-           "segment_of_sequence", "chunk_bounds", "seq_bounds"]
+           "segment_of_sequence", "carry_through_segments", "store_segment", "chunk_bounds", "seq_bounds"]
 
 RCP_LN2 = 1.4426950408889634  # 1 / ln 2
 
@@ -147,6 +148,42 @@ def segment_of_sequence(i_sg, NT, NS):
     L = tl.cdiv(NT, NS)
     c_lo = i_sg * L
     return c_lo, tl.minimum(NT, c_lo + L)
+
+
+@triton.jit
+def carry_through_segments(b_h, seg_h, seg_d, j0, n, step, R: tl.constexpr, C: tl.constexpr, r0, c0,
+                           DD: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, DECAY_ROWS: tl.constexpr):
+    """The state tile b_h [BR, BC] (at (r0, c0) of an [R, C] state) carried through the n segments
+    j0, j0 + step, ...: h <- 2^D_j * h + E_j, with E_j = seg_h[j] and the log2 decay D_j = seg_d[j]
+    [DD] along the tile's rows (DECAY_ROWS) or columns."""
+    for jj in range(n):
+        j = j0 + jj * step
+        p_e = tl.make_block_ptr(seg_h + j * R * C, (R, C), (C, 1), (r0, c0), (BR, BC), (1, 0))
+        if DECAY_ROWS:
+            o = r0 + tl.arange(0, BR)
+            b_d = tl.load(seg_d + j * DD + o, mask=o < DD, other=0.)
+            b_h = b_h * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+        else:
+            o = c0 + tl.arange(0, BC)
+            b_d = tl.load(seg_d + j * DD + o, mask=o < DD, other=0.)
+            b_h = b_h * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+    return b_h
+
+
+@triton.jit
+def store_segment(b_h, b_dsum, seg_h, seg_d, j, R: tl.constexpr, C: tl.constexpr, r0, c0,
+                  DD: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, DECAY_ROWS: tl.constexpr,
+                  STORE_DECAY: tl.constexpr):
+    """Segment j's end state (tile b_h at (r0, c0) of [R, C]) and, with STORE_DECAY, its log2
+    decay b_dsum [BR] or [BC] along rows (DECAY_ROWS) or columns: the first pass of a segmented scan."""
+    p_e = tl.make_block_ptr(seg_h + j * R * C, (R, C), (C, 1), (r0, c0), (BR, BC), (1, 0))
+    tl.store(p_e, b_h, boundary_check=(0, 1))
+    if STORE_DECAY:
+        if DECAY_ROWS:
+            o = r0 + tl.arange(0, BR)
+        else:
+            o = c0 + tl.arange(0, BC)
+        tl.store(seg_d + j * DD + o, b_dsum, mask=o < DD)
 
 
 @triton.jit

@@ -4,7 +4,7 @@ chunks; long sequences run as parallel segments (triton_utils.segment_of_sequenc
 import triton
 import triton.language as tl
 
-from ..triton_utils import segment_of_sequence, seq_bounds
+from ..triton_utils import carry_through_segments, segment_of_sequence, seq_bounds, store_segment
 from .triton_common import _LOG2E, _scalar_gate
 
 
@@ -26,7 +26,6 @@ def _fwd_h_kernel(
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
-    o_k = i_k * BK + tl.arange(0, BK)
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if not SEG_PASS:
@@ -34,11 +33,8 @@ def _fwd_h_kernel(
             p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
         if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-            for j in range(i_sg):
-                i_j = i_nh * NS + j
-                p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-                b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
-                b_h = b_h * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+            b_h = carry_through_segments(b_h, seg_h, seg_d, i_nh * NS, i_sg, 1, K, V, i_k * BK, i_v * BV,
+                                         K, BK, BV, True)
     b_dsum = tl.zeros([BK], dtype=tl.float32)
 
     for i_t in range(c_lo, c_hi):
@@ -67,10 +63,7 @@ def _fwd_h_kernel(
         b_dsum += b_gl
 
     if SEG_PASS:
-        i_j = i_nh * NS + i_sg
-        p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_e, b_h, boundary_check=(0, 1))
-        tl.store(seg_d + i_j * K + o_k, b_dsum, mask=o_k < K)
+        store_segment(b_h, b_dsum, seg_h, seg_d, i_nh * NS + i_sg, K, V, i_k * BK, i_v * BV, K, BK, BV, True, True)
     elif i_sg == NS - 1:
         p_ht = tl.make_block_ptr(ht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_ht, b_h, boundary_check=(0, 1))
@@ -94,7 +87,6 @@ def _bwd_dh_kernel(
     G: tl.constexpr = HQ // H
     bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
-    o_k = i_k * BK + tl.arange(0, BK)
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if not SEG_PASS:
@@ -102,11 +94,8 @@ def _bwd_dh_kernel(
             p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
         if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-            for jj in range(NS - 1 - i_sg):
-                i_j = i_nh * NS + NS - 1 - jj
-                p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-                b_d = tl.load(seg_d + i_j * K + o_k, mask=o_k < K, other=0.)
-                b_dh = b_dh * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+            b_dh = carry_through_segments(b_dh, seg_h, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, K, V,
+                                          i_k * BK, i_v * BV, K, BK, BV, True)
     b_dsum = tl.zeros([BK], dtype=tl.float32)
 
     for i in range(c_hi - c_lo):
@@ -138,10 +127,7 @@ def _bwd_dh_kernel(
             b_dh += tl.dot((b_q * b_e).to(b_q.dtype), b_do)
 
     if SEG_PASS:
-        i_j = i_nh * NS + i_sg
-        p_e = tl.make_block_ptr(seg_h + i_j * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_e, b_dh, boundary_check=(0, 1))
-        tl.store(seg_d + i_j * K + o_k, b_dsum, mask=o_k < K)
+        store_segment(b_dh, b_dsum, seg_h, seg_d, i_nh * NS + i_sg, K, V, i_k * BK, i_v * BV, K, BK, BV, True, True)
     elif STORE_DH0:
         if i_sg == 0:
             p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))

@@ -4,7 +4,7 @@ chunks; long sequences run as parallel segments (triton_utils.segment_of_sequenc
 import triton
 import triton.language as tl
 
-from ..triton_utils import segment_of_sequence, seq_bounds
+from ..triton_utils import carry_through_segments, segment_of_sequence, seq_bounds, store_segment
 from .triton_common import _LOG2E, _dot, _gate_cumsum, _load_rows, _load_rows_t
 
 
@@ -27,7 +27,6 @@ def _fwd_h_kernel(
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
-    o_m = tl.arange(0, BM)
     b_dsum = tl.zeros([BM], dtype=tl.float32)
     if i_s < NK:
         i_k = i_s
@@ -37,11 +36,8 @@ def _fwd_h_kernel(
                 p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
             if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-                for j in range(i_sg):
-                    i_j = i_nh * NS + j
-                    p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                    b_h = b_h * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+                b_h = carry_through_segments(b_h, seg_hk, seg_d, i_nh * NS, i_sg, 1, K, M, i_k * BK, 0,
+                                             M, BK, BM, False)
         for i_t in range(c_lo, c_hi):
             if not SEG_PASS:
                 p_h = tl.make_block_ptr(hk + ((boh + i_t) * H + i_h) * K * M, (K, M), (M, 1),
@@ -56,10 +52,7 @@ def _fwd_h_kernel(
             b_h = b_h * tl.exp2(b_bl)[None, :] + _dot(b_kt, b_sd)
             b_dsum += b_bl
         if SEG_PASS:
-            i_j = i_nh * NS + i_sg
-            p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(p_e, b_h, boundary_check=(0, 1))
-            tl.store(seg_d + i_j * M + o_m, b_dsum, mask=o_m < M)
+            store_segment(b_h, b_dsum, seg_hk, seg_d, i_nh * NS + i_sg, K, M, i_k * BK, 0, M, BK, BM, False, True)
         elif STORE_HT:
             if i_sg == NS - 1:
                 pt = tl.make_block_ptr(htk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
@@ -72,11 +65,8 @@ def _fwd_h_kernel(
                 p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
             if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-                for j in range(i_sg):
-                    i_j = i_nh * NS + j
-                    p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                    b_hv = b_hv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+                b_hv = carry_through_segments(b_hv, seg_hv, seg_d, i_nh * NS, i_sg, 1, M, V, 0, i_v * BV,
+                                              M, BM, BV, True)
         for i_t in range(c_lo, c_hi):
             if not SEG_PASS:
                 p_hv = tl.make_block_ptr(hv + ((boh + i_t) * H + i_h) * M * V, (M, V), (V, 1),
@@ -90,10 +80,8 @@ def _fwd_h_kernel(
             b_v = tl.load(p_v, boundary_check=(0, 1))
             b_sdv = (b_st * tl.exp2(b_blv[:, None] - b_bt)).to(b_v.dtype)
             b_hv = b_hv * tl.exp2(b_blv)[:, None] + _dot(b_sdv, b_v)
-        if SEG_PASS:
-            i_j = i_nh * NS + i_sg
-            p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(p_e, b_hv, boundary_check=(0, 1))
+        if SEG_PASS:   # the key part stores the segment's decay
+            store_segment(b_hv, b_dsum, seg_hv, seg_d, i_nh * NS + i_sg, M, V, 0, i_v * BV, M, BM, BV, True, False)
         elif STORE_HT:
             if i_sg == NS - 1:
                 ptv = tl.make_block_ptr(htv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
@@ -119,7 +107,6 @@ def _bwd_dh_kernel(
     G: tl.constexpr = HQ // H
     bos, T, NT, boh = seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
     c_lo, c_hi = segment_of_sequence(i_sg, NT, NS)
-    o_m = tl.arange(0, BM)
     b_dsum = tl.zeros([BM], dtype=tl.float32)
     if i_s < NK:
         i_k = i_s
@@ -129,11 +116,8 @@ def _bwd_dh_kernel(
                 pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
             if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-                for jj in range(NS - 1 - i_sg):
-                    i_j = i_nh * NS + NS - 1 - jj
-                    p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                    b_dh = b_dh * tl.exp2(b_d)[None, :] + tl.load(p_e, boundary_check=(0, 1))
+                b_dh = carry_through_segments(b_dh, seg_hk, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, K, M,
+                                              i_k * BK, 0, M, BK, BM, False)
         for i in range(c_hi - c_lo):
             i_t = c_hi - 1 - i
             if not SEG_PASS:
@@ -154,10 +138,7 @@ def _bwd_dh_kernel(
             b_dh = b_dh * tl.exp2(b_bl)[None, :] + b_acc * scale
             b_dsum += b_bl
         if SEG_PASS:
-            i_j = i_nh * NS + i_sg
-            p_e = tl.make_block_ptr(seg_hk + i_j * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
-            tl.store(p_e, b_dh, boundary_check=(0, 1))
-            tl.store(seg_d + i_j * M + o_m, b_dsum, mask=o_m < M)
+            store_segment(b_dh, b_dsum, seg_hk, seg_d, i_nh * NS + i_sg, K, M, i_k * BK, 0, M, BK, BM, False, True)
         elif STORE_DH0:
             if i_sg == 0:
                 p0 = tl.make_block_ptr(dh0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
@@ -170,11 +151,8 @@ def _bwd_dh_kernel(
                 ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
             if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
-                for jj in range(NS - 1 - i_sg):
-                    i_j = i_nh * NS + NS - 1 - jj
-                    p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-                    b_d = tl.load(seg_d + i_j * M + o_m, mask=o_m < M, other=0.)
-                    b_dhv = b_dhv * tl.exp2(b_d)[:, None] + tl.load(p_e, boundary_check=(0, 1))
+                b_dhv = carry_through_segments(b_dhv, seg_hv, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, M, V,
+                                               0, i_v * BV, M, BM, BV, True)
         for i in range(c_hi - c_lo):
             i_t = c_hi - 1 - i
             if not SEG_PASS:
@@ -194,10 +172,8 @@ def _bwd_dh_kernel(
                 b_dov = tl.load(p_dov, boundary_check=(0, 1))
                 b_accv += _dot((b_pt * b_lamv).to(b_dov.dtype), b_dov)
             b_dhv = b_dhv * tl.exp2(b_blv)[:, None] + b_accv
-        if SEG_PASS:
-            i_j = i_nh * NS + i_sg
-            p_e = tl.make_block_ptr(seg_hv + i_j * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
-            tl.store(p_e, b_dhv, boundary_check=(0, 1))
+        if SEG_PASS:   # the key part stores the segment's decay
+            store_segment(b_dhv, b_dsum, seg_hv, seg_d, i_nh * NS + i_sg, M, V, 0, i_v * BV, M, BM, BV, True, False)
         elif STORE_DH0:
             if i_sg == 0:
                 p0v = tl.make_block_ptr(dh0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
