@@ -32,7 +32,7 @@ def _fwd_h_kernel(
         if USE_H0:
             p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_h += tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
-        if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+        if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
             b_h = carry_through_segments(b_h, seg_h, seg_d, i_nh * NS, i_sg, 1, K, V, i_k * BK, i_v * BV,
                                          K, BK, BV, True)
     b_dsum = tl.zeros([BK], dtype=tl.float32)
@@ -93,7 +93,7 @@ def _bwd_dh_kernel(
         if USE_DHT:
             p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
             b_dh += tl.load(p_dht, boundary_check=(0, 1)).to(tl.float32)
-        if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+        if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
             b_dh = carry_through_segments(b_dh, seg_h, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, K, V,
                                           i_k * BK, i_v * BV, K, BK, BV, True)
     b_dsum = tl.zeros([BK], dtype=tl.float32)

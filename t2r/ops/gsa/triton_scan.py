@@ -35,7 +35,7 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0 = tl.make_block_ptr(h0k + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_h += tl.load(p0, boundary_check=(0, 1)).to(tl.float32)
-            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+            if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
                 b_h = carry_through_segments(b_h, seg_hk, seg_d, i_nh * NS, i_sg, 1, K, M, i_k * BK, 0,
                                              M, BK, BM, False)
         for i_t in range(c_lo, c_hi):
@@ -64,7 +64,7 @@ def _fwd_h_kernel(
             if USE_H0:
                 p0v = tl.make_block_ptr(h0v + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_hv += tl.load(p0v, boundary_check=(0, 1)).to(tl.float32)
-            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+            if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
                 b_hv = carry_through_segments(b_hv, seg_hv, seg_d, i_nh * NS, i_sg, 1, M, V, 0, i_v * BV,
                                               M, BM, BV, True)
         for i_t in range(c_lo, c_hi):
@@ -115,7 +115,7 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 pt = tl.make_block_ptr(dhtk + i_nh * K * M, (K, M), (M, 1), (i_k * BK, 0), (BK, BM), (1, 0))
                 b_dh += tl.load(pt, boundary_check=(0, 1)).to(tl.float32)
-            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+            if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
                 b_dh = carry_through_segments(b_dh, seg_hk, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, K, M,
                                               i_k * BK, 0, M, BK, BM, False)
         for i in range(c_hi - c_lo):
@@ -150,7 +150,7 @@ def _bwd_dh_kernel(
             if USE_DHT:
                 ptv = tl.make_block_ptr(dhtv + i_nh * M * V, (M, V), (V, 1), (0, i_v * BV), (BM, BV), (1, 0))
                 b_dhv += tl.load(ptv, boundary_check=(0, 1)).to(tl.float32)
-            if SPLIT:   # carry the state through the earlier (later) segments; not compiled unsplit
+            if SPLIT:   # the state carried in through the segments before (after) this one; not compiled unsplit
                 b_dhv = carry_through_segments(b_dhv, seg_hv, seg_d, i_nh * NS + NS - 1, NS - 1 - i_sg, -1, M, V,
                                                0, i_v * BV, M, BM, BV, True)
         for i in range(c_hi - c_lo):
