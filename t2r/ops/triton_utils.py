@@ -10,6 +10,7 @@
 
 Gates enter the kernels in log2 space (g * 1/ln 2, then exp2).
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -119,6 +120,11 @@ SEGMENTS: Optional[int] = None
 """Override of num_segments (tests set it to split short sequences; None: automatic)."""
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def num_segments(programs: int, chunks_per_sequence: int, device: torch.device) -> int:
     """How many segments to cut each sequence into for a state scan of `programs` sequential
     programs over `chunks_per_sequence` chunks. Splitting costs a second launch (each segment is
@@ -128,7 +134,8 @@ def num_segments(programs: int, chunks_per_sequence: int, device: torch.device) 
     chunks, never shorter than 16 chunks."""
     if SEGMENTS is not None:
         return SEGMENTS
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
     if 2 * programs >= sms and chunks_per_sequence <= 128:
         return 1
     want = max(triton.cdiv(4 * sms, programs), triton.cdiv(chunks_per_sequence, 64))
