@@ -135,6 +135,28 @@ def test_chunk_bf16(op, shape):
     check(run(op.chunk, d, torch.bfloat16), run(op.naive, d, torch.float32), 2.5e-2)
 
 
+@pytest.mark.skipif(INTERPRET, reason="fp16 per-channel inputs run in bf16, which the interpreter computes wrongly")
+@pytest.mark.parametrize("kind", ["mild", "moderate"])
+def test_chunk_fp16(op, kind):
+    d = make(op, 2, 300, 4, 2, 64, 64, kind=kind)
+    check(run(op.chunk, d, torch.float16), run(op.naive, d, torch.float32), 2.5e-2)
+
+
+def test_fp16_per_channel_runs_in_bf16(monkeypatch):
+    """fp16 inputs of the per-channel kernels run in bf16 (their anchored decay factors overflow
+    fp16 for moderate gates: NaN before) and come back in fp16."""
+    seen = {}
+
+    def fake_apply(q, k, v, g, *rest):
+        seen["dtypes"] = (q.dtype, k.dtype, v.dtype)
+        return torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=v.dtype, device=q.device), None
+
+    monkeypatch.setattr(tc._ChunkLinearAttnFunction, "apply", fake_apply)
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16, device=DEV) for _ in range(3))
+    o, _ = tc.chunk_gla_triton(q, k, v, -torch.rand(1, 8, 2, 16, device=DEV))
+    assert seen["dtypes"] == (torch.bfloat16,) * 3 and o.dtype == torch.float16
+
+
 def test_no_initial_state_and_no_final_grad(op):
     d = make(op, 1, 90, 2, 1, 32, 32, h0=False)
     q, k, v, g = (d[n].to(DEV).detach().requires_grad_(True) for n in "qkvg")   # fresh leaves per run

@@ -199,6 +199,29 @@ def test_gpu_real_shapes(shape, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("gate", ["mild", "moderate"])
+def test_gpu_fp16(gate):
+    """fp16 inputs run the kernels in bf16 (the anchored factors overflow fp16: NaN before)."""
+    inputs, state = make(2, 300, 8, 2, 128, 128, 64, gate=gate)
+    ref = fwd_bwd(naive, {n: t.half().float() for n, t in inputs.items()}, state)
+    check(fwd_bwd(tc.chunk_gsa_triton, inputs, state, dtype=torch.float16), ref, BF16_TOL)
+
+
+def test_fp16_runs_in_bf16(monkeypatch):
+    seen = {}
+
+    def fake_apply(q, k, v, s, g, *rest):
+        seen["dtypes"] = (q.dtype, k.dtype, v.dtype, s.dtype)
+        return torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=v.dtype, device=q.device), None, None
+
+    monkeypatch.setattr(tc.ChunkGSAFunction, "apply", fake_apply)
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16, device=DEV) for _ in range(3))
+    s, g = torch.rand(1, 8, 2, 4, dtype=torch.float16, device=DEV), -torch.rand(1, 8, 2, 4, device=DEV)
+    o, _ = tc.chunk_gsa_triton(q, k, v, s, g)
+    assert seen["dtypes"] == (torch.bfloat16,) * 4 and o.dtype == torch.float16
+
+
+@gpu
 def test_gpu_packed_bf16():
     bounds = [0, 100, 164, 400]
     inputs, state = make(1, 400, 8, 2, 128, 128, 64, n_state=3)

@@ -189,7 +189,8 @@ class _ChunkLinearAttnFunction(torch.autograd.Function):
 def chunk_linear_attn_triton(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
                              cu_seqlens=None, scalar=False, chunk_size=BT_DEFAULT, sub_block=16):
     """Shared entry of chunk_gla_triton (scalar=False, g [B,T,H,K]) and
-    chunk_simple_gla_triton (scalar=True, g [B,T,H])."""
+    chunk_simple_gla_triton (scalar=True, g [B,T,H]). fp16 inputs of the per-channel path run
+    the kernels in bf16 (range of the decay factors); the output comes back in v's dtype."""
     B, T, HQ, K = q.shape
     H = k.shape[2]
     assert HQ % H == 0, "HQ must be a multiple of H"
@@ -198,10 +199,15 @@ def chunk_linear_attn_triton(q, k, v, g, scale=None, initial_state=None, output_
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     if scale is None:
         scale = K ** -0.5
+    out_dtype = v.dtype
+    if q.dtype == torch.float16 and not scalar:
+        # The anchored decay factors of the per-channel path reach 2^100 (one anchor) or the decay of
+        # 8 steps (per block): past fp16's range (max 65504) for moderate gates, inside bf16's.
+        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     o, ht = _ChunkLinearAttnFunction.apply(q, k, v, g, float(scale), initial_state, cu_seqlens,
                                            scalar, chunk_size, sub_block)
-    return o, (ht if output_final_state else None)
+    return o.to(out_dtype), (ht if output_final_state else None)
 
 
 def chunk_gla_triton(

@@ -235,11 +235,17 @@ def chunk_gsa_triton(
     output_final_state: bool = False,
     cu_seqlens: Optional[torch.LongTensor] = None,
 ) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
-    """Chunkwise GSA on Triton (forward and backward); same contract as `t2r.ops.gsa`."""
+    """Chunkwise GSA on Triton (forward and backward); same contract as `t2r.ops.gsa`. fp16 inputs
+    run the kernels in bf16 (range of the decay factors); the output comes back in v's dtype."""
     K = q.shape[-1]
     scale = K ** -0.5 if scale is None else float(scale)
     h0k, h0v = (None, None) if initial_state is None else tuple(initial_state)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    out_dtype = v.dtype
+    if q.dtype == torch.float16:
+        # the anchored slot-decay factors (up to 2^100, or 8 steps of decay per block) overflow
+        # fp16 (max 65504) for moderate gates; bf16 holds them
+        q, k, v, s = (t.to(torch.bfloat16) for t in (q, k, v, s))
     o, htk, htv = ChunkGSAFunction.apply(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens)
-    return o, ((htk, htv) if output_final_state else None)
+    return o.to(out_dtype), ((htk, htv) if output_final_state else None)
