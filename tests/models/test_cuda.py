@@ -43,7 +43,7 @@ def test_prefill_then_decode_on_cuda(arch, target):
                         target, num_slots=64).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(3, 97, (3, 90), device="cuda")
     with torch.no_grad():
-        full = model(ids).logits
+        full = model(ids, use_cache=False).logits
         out = model(ids[:, :70], use_cache=True)
         steps = [out.logits]
         for t in range(70, 90):
