@@ -2,9 +2,13 @@
 # Everything a GPU session checks: the GPU tests (one pytest process per file, so a
 # CUDA fault in one cannot poison the others), then every benchmark table. Logs and tables go to $OUT
 # (the device tool brings that folder back) or benchmarks/results.
-#   bash benchmarks/gpu_session.sh tests      # tests only (about 9 minutes on an H100, mostly compiling)
+#   bash benchmarks/gpu_session.sh tests      # all GPU tests (about 10 minutes on an H100, mostly compiling)
+#   bash benchmarks/gpu_session.sh tests tests/ops/test_triton_gla.py ...   # only these files
 #   bash benchmarks/gpu_session.sh bench      # benchmark tables only (about 5 minutes)
 #   bash benchmarks/gpu_session.sh            # both: more than one 10-minute device call holds
+# Measured on the H100 (2026-11-22): test_triton_gla 200 s, test_triton_gsa 170 s, test_triton_fox 105 s,
+# models/test_cuda 70 s, test_triton_utils 28 s, test_gla + test_gsa 30 s: two device calls, e.g. the gla and
+# gsa files in one and the rest in the other.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -12,8 +16,11 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 mode=${1:-all}
-[ "$mode" = bench ] || for test_file in tests/ops/test_triton_utils.py tests/ops/test_triton_gla.py tests/ops/test_triton_gsa.py tests/ops/test_triton_fox.py \
-                 tests/ops/test_gla.py tests/ops/test_gsa.py tests/models/test_cuda.py; do
+files=("${@:2}")
+[ ${#files[@]} -gt 0 ] || files=(tests/ops/test_triton_utils.py tests/ops/test_triton_gla.py tests/ops/test_triton_gsa.py
+                                 tests/ops/test_triton_fox.py tests/ops/test_gla.py tests/ops/test_gsa.py
+                                 tests/models/test_cuda.py)
+[ "$mode" = bench ] || for test_file in "${files[@]}"; do
     echo "== $test_file"
     timeout 300 python -m pytest -q --tb=short -p no:cacheprovider "$test_file" 2>&1 | tail -15
 done | tee "$out/gpu_tests.log"
