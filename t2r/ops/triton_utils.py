@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 __all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting", "num_segments",
-           "segment_of_sequence", "carry_through_segments", "store_segment", "chunk_bounds", "seq_bounds"]
+           "segment_of_sequence", "carry_through_segments", "store_segment", "scan_passes", "chunk_bounds",
+           "seq_bounds", "fits_one_anchor", "ONE_ANCHOR_SPAN"]
 
 RCP_LN2 = 1.4426950408889634  # 1 / ln 2
 
@@ -114,6 +115,25 @@ def seq_bounds(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: t
         NT = tl.cdiv(T, BT)
         boh = (i_n * NT).to(tl.int64)
     return bos, T, NT, boh
+
+
+ONE_ANCHOR_SPAN = tl.constexpr(100.0)
+"""Largest log2 spread of a chunk's gate cumsum for which the GLA and GSA kernels split every decay
+factor at one anchor row: factors up to 2^100 leave 2^28 of fp32 headroom for a dot's sum."""
+
+
+@triton.jit
+def fits_one_anchor(b):
+    """True when one anchor row keeps every factor 2^(b_i - b_a), 2^(b_a - b_j) of this [BT, D] tile
+    of log2 gate cumsums within 2^+-ONE_ANCHOR_SPAN: the chunk's decay matrix is then a single
+    tensor-core product instead of one per sub-block."""
+    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
+    return span <= ONE_ANCHOR_SPAN
+
+
+def scan_passes(NS: int) -> tuple:
+    """SEG_PASS of each launch of a state scan cut into NS segments: the segment-end pass first when split."""
+    return (True, False) if NS > 1 else (False,)
 
 
 SEGMENTS: Optional[int] = None

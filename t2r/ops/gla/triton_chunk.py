@@ -43,7 +43,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from ..triton_utils import next_pow2, num_segments, prepare_chunks, reverse_cumsum
+from ..triton_utils import next_pow2, num_segments, prepare_chunks, reverse_cumsum, scan_passes
 from .triton_intra import _bwd_dqk_kernel, _bwd_dv_kernel, _fwd_o_kernel
 from .triton_scan import _bwd_dh_kernel, _fwd_h_kernel
 
@@ -94,7 +94,7 @@ def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
     tiles = triton.cdiv(K, BK) * triton.cdiv(V, BV)
     NS = num_segments(tiles * N * H, NT // N, k.device)
     seg_h, seg_d = _segment_buffers(N * H * NS, K, V, k.device) if NS > 1 else (ht, ht)
-    for seg_pass in ((True, False) if NS > 1 else (False,)):
+    for seg_pass in scan_passes(NS):
         _fwd_h_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
             k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SPLIT=NS > 1, SCALAR=scalar, USE_H0=h0 is not None,
@@ -123,7 +123,7 @@ def _bwd(q, k, v, g, h, ht, do, dht, scale, h0, cu_seqlens, scalar, BT, BS):
     tiles = triton.cdiv(K, BK) * triton.cdiv(V, BV)
     NS = num_segments(tiles * N * H, NT // N, k.device)
     seg_h, seg_d = _segment_buffers(N * H * NS, K, V, k.device) if NS > 1 else (dh, dh)
-    for seg_pass in ((True, False) if NS > 1 else (False,)):
+    for seg_pass in scan_passes(NS):
         _bwd_dh_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), N * H * NS)](
             q, g, do, dh, dht, dh0, seg_h, seg_d, cu_seqlens, chunk_offsets, scale, T,
             HQ=HQ, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SPLIT=NS > 1, SCALAR=scalar,

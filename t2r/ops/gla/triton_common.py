@@ -3,13 +3,10 @@ algorithm): the scalar-gate load and the anchored intra-chunk score matrix."""
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2
+from ..triton_utils import RCP_LN2, fits_one_anchor
 
 _LOG2E = tl.constexpr(RCP_LN2)
 _CLAMP = tl.constexpr(120.0)
-# Largest log2 spread of the gate cumsum inside a chunk for which one anchor is used (factors up
-# to 2^100 leave 2^28 of fp32 headroom for the dot's sum); past it, the 16-row sub-block path.
-_ONE_ANCHOR_SPAN = tl.constexpr(100.0)
 
 
 @triton.jit
@@ -17,15 +14,6 @@ def _scalar_gate(g, bos, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
     """The [BT] scalar log gates of chunk i_t, in log2 units (plain masked load, no block ptr)."""
     o_t = i_t * BT + tl.arange(0, BT)
     return tl.load(g + (bos + o_t) * H + i_h, mask=o_t < T, other=0.).to(tl.float32) * _LOG2E
-
-
-@triton.jit
-def _one_anchor(b):
-    """True when one anchor (the chunk's middle row) keeps every factor 2^(b_i - b_a), 2^(b_a - b_j)
-    of this [BT, BK] tile of log2 gate cumsums within 2^+-ONE_ANCHOR_SPAN: then the intra-chunk
-    matrix is a single tensor-core product instead of one per sub-block."""
-    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
-    return span <= _ONE_ANCHOR_SPAN
 
 
 @triton.jit
@@ -42,7 +30,7 @@ def _gated_scores(acc, b_qs, b_k, b_b, BT: tl.constexpr, BS: tl.constexpr, TRANS
     j <= i (entries above the diagonal are left for the caller to mask). One anchored product
     when the chunk's gates allow it, else one per BS-row sub-block."""
     dt = b_k.dtype
-    if _one_anchor(b_b):
+    if fits_one_anchor(b_b):
         e_q, e_k = _anchored(b_b, BT)
         b_qa, b_ka = (b_qs * e_q).to(dt), (b_k * e_k).to(dt)
         if TRANSPOSED:

@@ -3,8 +3,8 @@ chunks: the forward outputs and the backward dv and dq / dk / gate-gradient kern
 import triton
 import triton.language as tl
 
-from ..triton_utils import chunk_bounds
-from .triton_common import _CLAMP, _LOG2E, _anchored, _gated_scores, _one_anchor, _scalar_gate
+from ..triton_utils import chunk_bounds, fits_one_anchor
+from .triton_common import _CLAMP, _LOG2E, _anchored, _gated_scores, _scalar_gate
 
 
 # --------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def _bwd_dqk_kernel(
         b_gl = tl.sum(b_g, axis=0)
         b_dG = tl.zeros([BT, BK], dtype=tl.float32)
         # single-anchor factors, shared by the group's query heads (used when one_anchor)
-        one_anchor = _one_anchor(b_b)
+        one_anchor = fits_one_anchor(b_b)
         e_q1, e_k1 = _anchored(b_b, BT)
         b_ka1 = (b_k * e_k1).to(b_k.dtype)
 

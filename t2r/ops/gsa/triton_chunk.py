@@ -51,7 +51,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from ..triton_utils import is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum
+from ..triton_utils import is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum, scan_passes
 from .triton_intra import _bwd_dp_kernel, _bwd_dqk_kernel, _bwd_dvs_kernel, _fwd_o_kernel
 from .triton_scan import _bwd_dh_kernel, _fwd_h_kernel
 
@@ -114,7 +114,7 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     use_h0 = h0k is not None
     NS = num_segments((NK + NV) * N * H, NTT // N, q.device)
     seg = _segment_buffers(N * H * NS, K, V, M, q.device) if NS > 1 else (hk, hv, hk)
-    for seg_pass in ((True, False) if NS > 1 else (False,)):
+    for seg_pass in scan_passes(NS):
         _fwd_h_kernel[(NK + NV, N * H * NS)](
             k, v, s, g, hk, hv, h0k if use_h0 else hk, h0v if use_h0 else hv,
             htk if output_final_state else hk, htv if output_final_state else hv, *seg,
@@ -162,7 +162,7 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     dh0v = q.new_empty(N, H, M, V, dtype=torch.float32) if need_dh0 else None
     NS = num_segments((NK + NV) * N * H, NTT // N, q.device)
     seg = _segment_buffers(N * H * NS, K, V, M, q.device) if NS > 1 else (dhk, dhv, dhk)
-    for seg_pass in ((True, False) if NS > 1 else (False,)):
+    for seg_pass in scan_passes(NS):
         _bwd_dh_kernel[(NK + NV, N * H * NS)](
             q, g, p, dz, do, dhk, dhv, dhtk if use_dht else dhk, dhtv if use_dht else dhv,
             dh0k if need_dh0 else dhk, dh0v if need_dh0 else dhv, *seg, cu_seqlens, chunk_offsets, scale, T,

@@ -6,12 +6,10 @@ import os
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2
+from ..triton_utils import RCP_LN2, fits_one_anchor
 
 _LOG2E = tl.constexpr(RCP_LN2)
 _CLAMP = tl.constexpr(100.0)
-# Largest log2 spread of the gate cumsum in a chunk for which one anchor is used (see _block_rows).
-_ONE_ANCHOR_SPAN = tl.constexpr(100.0)
 # fp32 inputs: tensor-core dots in tf32 (default) or exact fp32 FMA ("ieee").
 _PREC = tl.constexpr(os.environ.get("T2R_GSA_FP32_DOT", "tf32"))
 
@@ -56,11 +54,10 @@ def _gate_cumsum(g, bos, i_t, T, i_h, H: tl.constexpr, M: tl.constexpr, BT: tl.c
 
 @triton.jit
 def _block_rows(b, BT: tl.constexpr, BS: tl.constexpr):
-    """Rows per anchor block for this chunk: all BT when a single anchor row keeps every factor
-    2^(b_i - b_a), 2^(b_a - b_j) within 2^+-_ONE_ANCHOR_SPAN (each mix below is then one product),
-    else BS. Trained GSA gates (logsigmoid / 8) always give BT."""
-    span = tl.max(tl.max(b, axis=1), axis=0) - tl.min(tl.min(b, axis=1), axis=0)
-    return tl.where(span <= _ONE_ANCHOR_SPAN, BT, BS)
+    """Rows per anchor block for this chunk: all BT when one anchor row suffices
+    (triton_utils.fits_one_anchor; each mix below is then one product), else BS. Trained GSA gates
+    (logsigmoid / 8) always give BT."""
+    return tl.where(fits_one_anchor(b), BT, BS)
 
 
 @triton.jit
