@@ -86,8 +86,9 @@ def _bwd_dkv_kernel(
     DK_: tl.constexpr, DV_: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     VARLEN: tl.constexpr, FUSE_DQ: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # grid (B * H, key blocks), heads fastest: the first key blocks (most query rows) start first
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     b64 = b.to(tl.int64)

@@ -13,15 +13,18 @@ Shapes: q ``[B, Tq, HQ, K]``, k ``[B, Tk, H, K]``, v ``[B, Tk, H, V]``, g ``[B, 
 Kernels (triton_fwd.py, triton_bwd.py; all work in log2 units: ``c2 = c * log2(e)``, ``exp2`` everywhere):
 
 * ``_fwd_kernel``: one program per (query block, batch*query head), heaviest
-  blocks first.  Key blocks below the diagonal run without masks, the diagonal
+  blocks first.  (Launching the heaviest blocks of all heads first instead measured the same
+  here, and made the dq kernel 12% slower: adjacent programs of one head share k and v in L2.)  Key blocks below the diagonal run without masks, the diagonal
   blocks with the causal mask.  Writes ``o`` and the row log-sum-exp (log2).
 * ``_delta_kernel``: ``delta_i = do_i . o_i`` (fp32).
-* ``_bwd_dkv_kernel``: one program per (key block, batch*kv head).  It loops over
-  the ``G = HQ // H`` query heads of the group and accumulates dk and dv for all
+* ``_bwd_dkv_kernel``: one program per (batch*kv head, key block); heads vary fastest
+  in the launch order, so the first key blocks (the most query rows) of all heads start
+  first and the light ones fill the tail (6% faster than one head after another on an
+  H100).  It loops over the ``G = HQ // H`` query heads of the group and accumulates dk and dv for all
   of them in registers (fp32), so no per-query-head buffers exist.  It also
   writes ``dc_j = -sum_i dS_ij`` per query head (the gradient of the key-side
   bias), which is free there: a reduction of the ``dS^T`` tile along its rows.
-* ``_bwd_dq_kernel``: one program per (query block, batch*query head).
+* ``_bwd_dq_kernel``: one program per (query block, batch*query head), as the forward.
 
 Gradient of the gates.  With ``dS_ij = P_ij (dP_ij - delta_i)`` the gradient of
 the logits, ``dL/dc_m = sum_i [p_i = m] sum_j dS_ij - sum_i dS_im``: a row sum
@@ -166,7 +169,7 @@ def _dkv(do, q, k, v, ck, rowb, delta, scale, seg_start, seg_end, cfg=None):
     else:
         dq32 = dcq = None
         dq_desc = delta
-    LAST_KERNEL["dkv"] = _bwd_dkv_kernel[(triton.cdiv(Tk, BN), B * H)](
+    LAST_KERNEL["dkv"] = _bwd_dkv_kernel[(B * H, triton.cdiv(Tk, BN))](
         q, k, v, do, ck, rowb, delta, dk, dv, dc,
         seg_start if varlen else delta, seg_end if varlen else delta, dq_desc,
         dq32 if fuse else delta, dcq if fuse else delta,
