@@ -44,11 +44,11 @@ SHAPES = [  # name, B, T, HQ, H, D
 SWEEP = [  # overrides of tc.CONFIGS
     {},
     {"fwd_o": (8, 2), "bwd_dp": (8, 2)},
-    {"fwd_o": (8, 1), "bwd_dp": (8, 1)},
     {"fwd_o": (4, 1), "bwd_dp": (4, 1)},
     {"fwd_o": (4, 3), "bwd_dp": (4, 3)},
     {"bwd_dqk": (8, 2), "bwd_dvs": (8, 2)},
-    {"bwd_dqk": (4, 2), "bwd_dvs": (4, 2)},
+    {"bwd_dqk": (4, 1), "bwd_dvs": (4, 1)},
+    {"fwd_h": (4, 2), "bwd_dh": (4, 2)},
 ]
 
 

@@ -1,12 +1,15 @@
-"""Shared Triton pieces of the GSA kernels (see triton_chunk.py for the algorithm): chunk and
-sequence bounds, tile loads, the in-chunk gate cumsum, and the anchored decay factors and mixes
-that put the per-slot decay 2^(b_i - b_j) on tensor cores."""
+"""Shared Triton pieces of the GSA kernels (see triton_chunk.py for the algorithm): tile loads,
+the in-chunk gate cumsum, and the anchored decay factors and mixes that put the per-slot decay
+2^(b_i - b_j) on tensor cores. The anchor block size bs is a compile-time constant: BT (one
+anchor per chunk: the block loops have one trip and fold away) or BS (one per sub-block: real
+loops, not unrolled, so this rarely taken variant does not raise the kernel's register count);
+the kernels pick the variant per chunk at run time."""
 import os
 
 import triton
 import triton.language as tl
 
-from ..triton_utils import RCP_LN2, fits_one_anchor
+from ..triton_utils import RCP_LN2
 
 _LOG2E = tl.constexpr(RCP_LN2)
 _CLAMP = tl.constexpr(100.0)
@@ -53,28 +56,20 @@ def _gate_cumsum(g, bos, i_t, T, i_h, H: tl.constexpr, M: tl.constexpr, BT: tl.c
 
 
 @triton.jit
-def _block_rows(b, BT: tl.constexpr, BS: tl.constexpr):
-    """Rows per anchor block for this chunk: all BT when one anchor row suffices
-    (triton_utils.fits_one_anchor; each mix below is then one product), else BS. Trained GSA gates
-    (logsigmoid / 8) always give BT."""
-    return tl.where(fits_one_anchor(b), BT, BS)
-
-
-@triton.jit
-def _row_anchor(b, I, bs, BT: tl.constexpr):
+def _row_anchor(b, I, bs: tl.constexpr, BT: tl.constexpr):
     """b at the anchor (middle) row of row block I of bs rows: [BM]."""
     o_i = tl.arange(0, BT)
     return tl.sum(tl.where((o_i == I * bs + bs // 2)[:, None], b, 0.), axis=0)
 
 
 @triton.jit
-def _in_block(I, bs, BT: tl.constexpr):
+def _in_block(I, bs: tl.constexpr, BT: tl.constexpr):
     o_i = tl.arange(0, BT)
     return ((o_i >= I * bs) & (o_i < I * bs + bs))[:, None]
 
 
 @triton.jit
-def _anchor_factor(b, bs, BT: tl.constexpr):
+def _anchor_factor(b, bs: tl.constexpr, BT: tl.constexpr):
     """F_i = 2^(b_i - b_a(i)) with a(i) the anchor row of i's block: [BT, BM]."""
     b_anc = tl.zeros_like(b)
     for I in range(BT // bs):
@@ -83,7 +78,7 @@ def _anchor_factor(b, bs, BT: tl.constexpr):
 
 
 @triton.jit
-def _key_factor(b, I, bs, BT: tl.constexpr):
+def _key_factor(b, I, bs: tl.constexpr, BT: tl.constexpr):
     """H^I_j = 2^(b_a(I) - b_j) for keys j up to the end of row block I, else 0: [BT, BM]."""
     m_k = tl.arange(0, BT) < I * bs + bs
     b_a = _row_anchor(b, I, bs, BT)
@@ -91,37 +86,82 @@ def _key_factor(b, I, bs, BT: tl.constexpr):
 
 
 @triton.jit
-def _mix(A, s, b, F, bs, BT: tl.constexpr):
-    """mix(X, s) of the module docstring for X = A [BT, BT] (in the dot dtype): [BT, BM] fp32."""
-    acc = tl.zeros_like(F)
-    for I in range(BT // bs):
-        sh = (s * _key_factor(b, I, bs, BT)).to(A.dtype)
-        acc += tl.where(_in_block(I, bs, BT), _dot(A, sh), 0.)
-    return F * acc
+def _factors(b, s, like, bs: tl.constexpr, BT: tl.constexpr):
+    """The chunk's decay factors, as the tuple the mixes below take; F = fac[0] always.
+    One anchor (bs == BT): (F, s * H in like's dtype, b_a [BM]) with F = 2^(b - b_a) and
+    H = 2^(b_a - b) = 1 / F (no clamping: fits_one_anchor bounds both exponents), so each mix is
+    one product and b dies here (fewer live registers). Sub-blocks (bs == BS): (F, s, b)."""
+    if bs == BT:
+        b_a = _row_anchor(b, 0, BT, BT)
+        fac = (tl.exp2(b - b_a[None, :]), (s * tl.exp2(b_a[None, :] - b)).to(like.dtype), b_a)
+    else:
+        fac = (_anchor_factor(b, bs, BT), s, b)
+    return fac
 
 
 @triton.jit
-def _mix_t(X, s, b, like, bs, BT: tl.constexpr):
+def _decay(fac, bs: tl.constexpr, BT: tl.constexpr):
+    """Lam = 2^b [BT, BM], the decay from the chunk start."""
+    if bs == BT:
+        lam = fac[0] * tl.exp2(fac[2])[None, :]
+    else:
+        lam = tl.exp2(fac[2])
+    return lam
+
+
+@triton.jit
+def _decay_to_end(fac, b_last, bs: tl.constexpr, BT: tl.constexpr):
+    """Gam = 2^(b_last - b) [BT, BM], the decay from each step to the chunk end (b_last [BM])."""
+    if bs == BT:
+        gam = tl.exp2(b_last - fac[2])[None, :] / fac[0]
+    else:
+        gam = tl.exp2(b_last[None, :] - fac[2])
+    return gam
+
+
+@triton.jit
+def _mix(A, fac, bs: tl.constexpr, BT: tl.constexpr):
+    """mix(X, s) of the module docstring for X = A [BT, BT] (in the dot dtype): [BT, BM] fp32."""
+    if bs == BT:
+        acc = _dot(A, fac[1])
+    else:
+        acc = tl.zeros_like(fac[0])
+        for I in range(BT // bs):
+            sh = (fac[1] * _key_factor(fac[2], I, bs, BT)).to(A.dtype)
+            acc += tl.where(_in_block(I, bs, BT), _dot(A, sh), 0.)
+    return fac[0] * acc
+
+
+@triton.jit
+def _mix_t(X, fac, like, bs: tl.constexpr, BT: tl.constexpr):
     """[BT, BT]: entry (i, j) = sum_m X_i[m] s_j[m] 2^(b_i[m] - b_j[m]) for X = Y * F (fp32); the
     lower triangle is the pass-2 matrix A2 (or dA1 in the backward). Dots in like's dtype."""
-    acc = tl.zeros([BT, BT], dtype=tl.float32)
-    for I in range(BT // bs):
-        sh = (s * _key_factor(b, I, bs, BT)).to(like.dtype)
-        acc += _dot(tl.where(_in_block(I, bs, BT), X, 0.).to(like.dtype), tl.trans(sh))
+    if bs == BT:
+        acc = _dot(X.to(like.dtype), tl.trans(fac[1]))
+    else:
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        for I in range(BT // bs):
+            sh = (fac[1] * _key_factor(fac[2], I, bs, BT)).to(like.dtype)
+            acc += _dot(tl.where(_in_block(I, bs, BT), X, 0.).to(like.dtype), tl.trans(sh))
     return acc
 
 
 @triton.jit
-def _mix_bwd(X, Y, s, b, bs, BT: tl.constexpr):
+def _mix_bwd(X, Y, fac, bs: tl.constexpr, BT: tl.constexpr):
     """The two products of the backward kernels for X = Y' * F (fp32), Y [BT, BT] (dot dtype):
     (sum_I (s * H^I) @ X_I^T [BT, BT] (keys j, rows i), sum_I H^I * (Y @ X_I) [BT, BM])."""
-    acc = tl.zeros([BT, BT], dtype=tl.float32)
-    ds = tl.zeros_like(X)
-    for I in range(BT // bs):
-        h = _key_factor(b, I, bs, BT)
-        x = tl.where(_in_block(I, bs, BT), X, 0.).to(Y.dtype)
-        acc += _dot((s * h).to(Y.dtype), tl.trans(x))
-        ds += h * _dot(Y, x)
+    if bs == BT:
+        x = X.to(Y.dtype)
+        acc = _dot(fac[1], tl.trans(x))
+        ds = _dot(Y, x) / fac[0]
+    else:
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        ds = tl.zeros_like(X)
+        for I in range(BT // bs):
+            h = _key_factor(fac[2], I, bs, BT)
+            x = tl.where(_in_block(I, bs, BT), X, 0.).to(Y.dtype)
+            acc += _dot((fac[1] * h).to(Y.dtype), tl.trans(x))
+            ds += h * _dot(Y, x)
     return acc, ds
 
 
