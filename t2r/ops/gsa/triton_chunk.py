@@ -59,6 +59,7 @@ __all__ = ["chunk_gsa_triton", "CONFIGS"]
 
 BT = 64
 BS = 16
+COLUMNS = 64  # output columns per step in _fwd_o (o) and _bwd_dp (dq): halves the live accumulator at D=128
 
 # kernel -> (num_warps, num_stages); the benchmark may override, the GPU tests check these.
 CONFIGS = {
@@ -129,7 +130,7 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     Bg = 1 if cu_seqlens is not None else B
     _fwd_o_kernel[(G, NTg, Bg * H)](
         q, k, v, s, g, hk, hv, o, z, p, cu_seqlens, chunk_indices, scale, T,
-        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM,
+        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BVf, COLUMNS),
         IS_VARLEN=cu_seqlens is not None, **_cfg("fwd_o"))
     return o, z, p, hk, hv, htk, htv, (N, NTT, chunk_indices, chunk_offsets)
 
@@ -152,7 +153,8 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     dq = torch.empty_like(q)
     _bwd_dp_kernel[(G, NTg, Bg * H)](
         q, k, v, s, g, hk, hv, z, do, dz, r, dq, cu_seqlens, chunk_indices, scale, T,
-        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, IS_VARLEN=varlen, **_cfg("bwd_dp"))
+        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BKf, COLUMNS),
+        IS_VARLEN=varlen, **_cfg("bwd_dp"))
 
     sdt = q.dtype
     dhk = q.new_empty(NTT, H, K, M, dtype=sdt)

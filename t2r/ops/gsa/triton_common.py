@@ -49,6 +49,21 @@ def _store_rows(x, val, bos, i_t, T, i_h, NH: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
+def _load_cols(x, bos, i_t, T, i_h, i_d, NH: tl.constexpr, D: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr):
+    """Columns [i_d*BC, +BC) of the rows of _load_rows: a [BT, BC] tile."""
+    p = tl.make_block_ptr(x + (bos * NH + i_h) * D, (T, D), (NH * D, 1), (i_t * BT, i_d * BC), (BT, BC), (1, 0))
+    return tl.load(p, boundary_check=(0, 1))
+
+
+@triton.jit
+def _store_cols(x, val, bos, i_t, T, i_h, i_d, NH: tl.constexpr, D: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr):
+    p = tl.make_block_ptr(x + (bos * NH + i_h) * D, (T, D), (NH * D, 1), (i_t * BT, i_d * BC), (BT, BC), (1, 0))
+    tl.store(p, val.to(p.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
 def _gate_cumsum(g, bos, i_t, T, i_h, H: tl.constexpr, M: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):
     """b [BT, BM]: log2 cumulative slot decay inside the chunk (padded rows repeat the last)."""
     b_g = _load_rows(g, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32) * _LOG2E

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from ..triton_utils import chunk_bounds, fits_one_anchor
-from .triton_common import (_decay, _decay_to_end, _dot, _factors, _gate_cumsum, _load_rows, _mix, _mix_bwd, _mix_t,
-                            _softmax_rows, _store_rows)
+from .triton_common import (_decay, _decay_to_end, _dot, _factors, _gate_cumsum, _load_cols, _load_rows, _mix,
+                            _mix_bwd, _mix_t, _softmax_rows, _store_cols, _store_rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -23,7 +23,7 @@ def _fwd_o_kernel(
     q, k, v, s, g, hk, hv, o, z, p, cu_seqlens, chunk_indices, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    BC: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = HQ // H
@@ -33,17 +33,17 @@ def _fwd_o_kernel(
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
     if fits_one_anchor(b_b):
         _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                     HQ, H, K, V, M, BT, BT, BK, BV, BM)
+                     HQ, H, K, V, M, BT, BT, BK, BM, BC)
     else:
         _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                     HQ, H, K, V, M, BT, BS, BK, BV, BM)
+                     HQ, H, K, V, M, BT, BS, BK, BM, BC)
 
 
 @triton.jit
 def _fwd_o_chunk(
     q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
-    BT: tl.constexpr, bs: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
+    BT: tl.constexpr, bs: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
 ):
     o_i = tl.arange(0, BT)
     m_causal = o_i[:, None] >= o_i[None, :]
@@ -64,15 +64,14 @@ def _fwd_o_chunk(
     b_p = _softmax_rows(b_z, M, BM)
     _store_rows(p, b_p, bos, i_t, T, i_hq, HQ, M, BT, BM)
 
-    # pass 2: read the value slots
-    p_hv = tl.make_block_ptr(hv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
-    b_V0 = tl.load(p_hv, boundary_check=(0, 1)).to(dt)
-    b_o = _dot((b_p * _decay(fac, bs, BT)).to(dt), b_V0)
-    b_A2 = _mix_t(b_p * fac[0], fac, b_V0, bs, BT)
-    b_A2 = tl.where(m_causal, b_A2, 0.)
-    b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
-    b_o += _dot(b_A2.to(dt), b_v)
-    _store_rows(o, b_o, bos, i_t, T, i_hq, HQ, V, BT, BV)
+    # pass 2: read the value slots, BC output columns at a time (a smaller live accumulator)
+    b_pl = (b_p * _decay(fac, bs, BT)).to(dt)
+    b_A2 = tl.where(m_causal, _mix_t(b_p * fac[0], fac, b_k, bs, BT), 0.).to(dt)
+    for i_v in range(tl.cdiv(V, BC)):
+        p_hv = tl.make_block_ptr(hv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, i_v * BC), (BM, BC), (1, 0))
+        b_o = _dot(b_pl, tl.load(p_hv, boundary_check=(0, 1)).to(dt))
+        b_o += _dot(b_A2, _load_cols(v, bos, i_t, T, i_h, i_v, H, V, BT, BC))
+        _store_cols(o, b_o, bos, i_t, T, i_hq, i_v, HQ, V, BT, BC)
 
 
 # --------------------------------------------------------------------------------------
@@ -83,7 +82,7 @@ def _bwd_dp_kernel(
     q, k, v, s, g, hk, hv, z, do, dz, r, dq, cu_seqlens, chunk_indices, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    BC: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = HQ // H
@@ -93,17 +92,17 @@ def _bwd_dp_kernel(
     b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
     if fits_one_anchor(b_b):
         _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                      HQ, H, K, V, M, BT, BT, BK, BV, BM)
+                      HQ, H, K, V, M, BT, BT, BV, BM, BC)
     else:
         _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                      HQ, H, K, V, M, BT, BS, BK, BV, BM)
+                      HQ, H, K, V, M, BT, BS, BV, BM, BC)
 
 
 @triton.jit
 def _bwd_dp_chunk(
     q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
-    BT: tl.constexpr, bs: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
+    BT: tl.constexpr, bs: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
 ):
     o_i = tl.arange(0, BT)
     m_causal = o_i[:, None] >= o_i[None, :]
@@ -123,14 +122,15 @@ def _bwd_dp_chunk(
     _store_rows(dz, b_dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
     _store_rows(r, b_z * b_dz + b_p * b_dp, bos, i_t, T, i_hq, HQ, M, BT, BM)
 
-    # dq = scale * [(dz * Lam) @ K0^T + tril(dA1) @ k],  dA1_ij = sum_m dz_i[m] s_j[m] 2^(b_i[m]-b_j[m])
-    b_k = _load_rows(k, bos, i_t, T, i_h, H, K, BT, BK)
-    p_hk = tl.make_block_ptr(hk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
-    b_K0 = tl.load(p_hk, boundary_check=(0, 1)).to(dt)
-    b_dA1 = _mix_t(b_dz * fac[0], fac, b_v, bs, BT)
-    b_dA1 = tl.where(m_causal, b_dA1, 0.).to(dt)
-    b_dq = _dot((b_dz * _decay(fac, bs, BT)).to(dt), tl.trans(b_K0)) + _dot(b_dA1, b_k)
-    _store_rows(dq, b_dq * scale, bos, i_t, T, i_hq, HQ, K, BT, BK)
+    # dq = scale * [(dz * Lam) @ K0^T + tril(dA1) @ k],  dA1_ij = sum_m dz_i[m] s_j[m] 2^(b_i[m]-b_j[m]),
+    # BC columns at a time
+    b_dzl = (b_dz * _decay(fac, bs, BT)).to(dt)
+    b_dA1 = tl.where(m_causal, _mix_t(b_dz * fac[0], fac, b_v, bs, BT), 0.).to(dt)
+    for i_k in range(tl.cdiv(K, BC)):
+        p_hk = tl.make_block_ptr(hk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (i_k * BC, 0), (BC, BM), (1, 0))
+        b_dq = _dot(b_dzl, tl.trans(tl.load(p_hk, boundary_check=(0, 1)).to(dt)))
+        b_dq += _dot(b_dA1, _load_cols(k, bos, i_t, T, i_h, i_k, H, K, BT, BC))
+        _store_cols(dq, b_dq * scale, bos, i_t, T, i_hq, i_k, HQ, K, BT, BC)
 
 
 # --------------------------------------------------------------------------------------
