@@ -1,4 +1,4 @@
-"""`t2r` command line: convert | generate (finetune, eval and bench follow the same pattern)."""
+"""`t2r` command line: convert | finetune | generate (eval and bench follow the same pattern)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--rope", type=_bool, default=None, help="keep RoPE on q/k (default true)")
     convert.add_argument("--output-norm", type=_bool, default=None)
     convert.add_argument("--gate-logit-normalizer", type=float, default=None)
+
+    finetune = commands.add_parser(
+        "finetune", help="finetune a converted model from a recipe",
+        description="Train from a YAML recipe (see recipes/); any field can be overridden as section.field=value.")
+    finetune.add_argument("--config", required=True, help="recipe YAML, e.g. recipes/smollm2-gsa-cpu.yaml")
+    finetune.add_argument("overrides", nargs="*", help="section.field=value, e.g. train.lr=1e-4 data.seq_len=512")
+    finetune.add_argument("--resume", action="store_true",
+                          help="continue from the latest checkpoint in checkpoint.dir (exact: data, optimizer, RNG)")
 
     generate = commands.add_parser("generate", help="generate text with a (converted) model")
     add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
@@ -98,9 +106,19 @@ def run_generate(args) -> int:
     return 0
 
 
+def run_finetune(args) -> int:
+    from t2r.train import finetune, load_recipe
+
+    recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
+    metrics = finetune(recipe, resume=args.resume)
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+    print(f"model saved to {recipe.checkpoint.dir}/final")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"convert": run_convert, "generate": run_generate}
+    handlers = {"convert": run_convert, "finetune": run_finetune, "generate": run_generate}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id

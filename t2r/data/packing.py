@@ -1,0 +1,128 @@
+"""Tokenise documents, pack them into fixed-length rows, and flatten rows into one varlen batch.
+
+Packing wastes no tokens on padding: documents are concatenated (an EOS after each) and cut into rows
+of exactly `seq_len` tokens. `collate_packed` then lays a batch of rows end to end as one sequence
+`[1, B * seq_len]` with `cu_seq_lens_q` marking where each segment starts, the format of transformers'
+`DataCollatorWithFlattening`, so the recurrent layers restart their state at every segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+IGNORE_INDEX = -100  # labels the loss skips (transformers' convention)
+
+
+class PackedSequences(IterableDataset):
+    """Rows `{"input_ids", "position_ids"}` of exactly `seq_len` tokens cut from the tokenised documents.
+
+    `documents` is called afresh on every iteration (e.g. `lambda: load_documents(cfg, seed)`), so an
+    epoch is re-readable. Documents are tokenised `batch_docs` at a time without special tokens, and an
+    EOS follows each document when `add_eos` and the tokenizer has one. The stream of all documents is
+    cut into rows; the trailing partial row is dropped. `position_ids` count from 0 at every document
+    start and also at every row start, so a document that runs into the next row restarts there: each
+    row is self-contained, and `position_ids == 0` marks exactly the segment starts `collate_packed` uses.
+
+    Single process only: every DataLoader worker would read the whole stream, so use `num_workers=0`
+    (iterating inside a multi-worker DataLoader raises).
+    """
+
+    def __init__(self, documents: Callable[[], Iterable[str]], tokenizer, seq_len: int,
+                 add_eos: bool = True, batch_docs: int = 256):
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if batch_docs < 1:
+            raise ValueError(f"batch_docs must be >= 1, got {batch_docs}")
+        if not callable(documents):
+            raise TypeError("documents must be a callable returning an iterable of strings "
+                            "(e.g. `lambda: load_documents(cfg, seed)`), so every epoch can re-read them")
+        self.documents = documents
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.batch_docs = batch_docs
+        self.eos_token_id = tokenizer.eos_token_id if add_eos else None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        worker = get_worker_info()
+        if worker is not None and worker.num_workers > 1:
+            raise RuntimeError("PackedSequences is single-process: every worker would yield the same rows; "
+                               "use DataLoader(num_workers=0)")
+        ids: list[int] = []       # tokens not yet emitted
+        starts: list[bool] = []   # True where a document starts
+        for token_lists in self._tokenised_batches():
+            for tokens in token_lists:
+                ids += tokens
+                starts += [True] + [False] * (len(tokens) - 1)
+            full = len(ids) // self.seq_len * self.seq_len
+            for begin in range(0, full, self.seq_len):
+                yield self._row(ids[begin:begin + self.seq_len], starts[begin:begin + self.seq_len])
+            del ids[:full], starts[:full]
+
+    def _tokenised_batches(self) -> Iterator[list[list[int]]]:
+        """Token ids of each document (EOS appended), `batch_docs` documents per fast-tokenizer call."""
+        texts = iter(self.documents())
+        while batch := list(islice(texts, self.batch_docs)):
+            encoded = self.tokenizer(batch, add_special_tokens=False, return_attention_mask=False,
+                                     verbose=False)["input_ids"]
+            eos = [] if self.eos_token_id is None else [self.eos_token_id]
+            yield [tokens + eos for tokens in encoded if tokens]  # a document without tokens adds nothing
+
+    @staticmethod
+    def _row(ids: list[int], starts: list[bool]) -> dict[str, torch.Tensor]:
+        starts = torch.tensor(starts)
+        starts[0] = True  # every row starts a segment
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "position_ids": positions_from_starts(starts)}
+
+
+def positions_from_starts(starts: torch.Tensor) -> torch.Tensor:
+    """Position of each token within its segment, given a bool mask of segment starts (token 0 always starts one)."""
+    index = torch.arange(starts.numel())
+    last_start = torch.where(starts, index, 0).cummax(0).values
+    return index - last_start
+
+
+def collate_packed(rows: list[dict], document_boundaries: bool = True) -> dict:
+    """Flatten rows into one sequence `[1, N]` with varlen boundaries, like `DataCollatorWithFlattening`.
+
+    Returns `input_ids`, `position_ids`, `labels` (`[1, N]`, int64), `cu_seq_lens_q` = `cu_seq_lens_k`
+    (int32 segment starts followed by N) and `max_length_q` = `max_length_k` (python int, longest segment).
+
+    Segments are the documents inside each row (`position_ids == 0` starts one) when
+    `document_boundaries`; otherwise only the rows, with documents running into each other inside a row
+    separated by EOS alone (as in plain packed pretraining), and position ids renumbered 0..len-1 per row.
+
+    `labels` equal `input_ids` except -100 at the first token of every segment: the model shifts labels
+    by one internally, so that token would otherwise be predicted from the end of the previous segment,
+    which the model, restarting its state at the boundary, never saw.
+    """
+    if not rows:
+        raise ValueError("collate_packed needs at least one row")
+    ids, positions = [], []
+    for row in rows:
+        row_ids = torch.as_tensor(row["input_ids"], dtype=torch.long).reshape(-1)
+        if row_ids.numel() == 0:
+            raise ValueError("collate_packed got an empty row")
+        if document_boundaries:
+            row_positions = torch.as_tensor(row["position_ids"], dtype=torch.long).reshape(-1)
+            if row_positions.shape != row_ids.shape or row_positions[0] != 0:
+                raise ValueError("every row needs position_ids as long as its input_ids, starting at 0")
+        else:
+            row_positions = torch.arange(row_ids.numel())
+        ids.append(row_ids)
+        positions.append(row_positions)
+    input_ids, position_ids = torch.cat(ids), torch.cat(positions)
+    starts = (position_ids == 0).nonzero().flatten()
+    total = input_ids.numel()
+    cu_seq_lens = torch.cat([starts, torch.tensor([total])]).to(torch.int32)
+    labels = input_ids.clone()
+    labels[starts] = IGNORE_INDEX
+    max_length = int(cu_seq_lens.diff().max())
+    return {
+        "input_ids": input_ids[None], "position_ids": position_ids[None], "labels": labels[None],
+        "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens.clone(),
+        "max_length_q": max_length, "max_length_k": max_length,
+    }

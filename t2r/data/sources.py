@@ -1,0 +1,173 @@
+"""Documents from a `DataConfig`: local files or a hub dataset, read through `datasets`, shuffled by seed.
+
+The shuffled stream is split by position: the first `held_out` documents are the validation part and
+the rest the training part, so the two never overlap and the same seed always gives the same split.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .config import DataConfig
+
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet"}
+"""File suffix -> `datasets` builder. json and text files may also be compressed (see COMPRESSIONS)."""
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # decompressed by datasets on the fly (.zst needs `zstandard`)
+GLOB_CHARS = "*?["
+PARTS = ("train", "validation")
+_SUPPORTED = ".txt, .jsonl, .json (each optionally .gz/.bz2/.xz/.zst) and .parquet"
+
+
+def load_documents(cfg: DataConfig, seed: int, part: str = "train") -> Iterator[str]:
+    """The documents (strings) of one part of `cfg`'s source, in an order fixed by `seed`.
+
+    `part="validation"` yields the first `cfg.held_out` shuffled documents, `part="train"` the rest,
+    at most `cfg.max_documents` of them. Empty (or whitespace-only) documents are skipped before the
+    split, so `held_out` counts real documents. Local files are read eagerly (`streaming=False`)
+    unless `cfg.streaming` says otherwise; hub ids stream by default.
+    """
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}: use 'train' or 'validation'")
+    if cfg.held_out < 0:
+        raise ValueError(f"held_out must be >= 0, got {cfg.held_out}")
+    if cfg.max_documents is not None and cfg.max_documents < 0:
+        raise ValueError(f"max_documents must be >= 0 or None, got {cfg.max_documents}")
+    dataset = open_dataset(cfg)
+    dataset = shuffled(dataset, seed, cfg.shuffle_buffer)
+    documents = _texts(dataset, cfg)
+    if part == "validation":
+        return islice(documents, cfg.held_out)
+    stop = None if cfg.max_documents is None else cfg.held_out + cfg.max_documents
+    return islice(documents, cfg.held_out, stop)
+
+
+def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
+    """The unshuffled `datasets` object for `cfg.path` (local files or a hub id), column checked."""
+    path = os.path.expanduser(cfg.path)
+    if is_local(path):
+        builder, files = local_files(path)
+        kwargs = {"sample_by": "document"} if builder == "text" else {}
+        streaming = bool(cfg.streaming)
+        dataset = load_dataset(builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs)
+    else:
+        streaming = True if cfg.streaming is None else cfg.streaming
+        dataset = load_dataset(cfg.path, cfg.name, split=cfg.split, streaming=streaming)
+    columns = dataset.column_names  # None for some streamed hub datasets: then checked on the first row
+    if columns is not None and cfg.text_field not in columns:
+        raise ValueError(_missing_field(cfg, columns))
+    return dataset
+
+
+def is_local(path: str) -> bool:
+    """Local if it exists or is a glob; a missing path that looks like a file path is an error, not a hub id."""
+    if os.path.exists(path) or any(c in path for c in GLOB_CHARS):
+        return True
+    if path.startswith((".", "/", "~")) or _has_data_suffix(path):
+        raise FileNotFoundError(
+            f"data path {path!r} does not exist: give an existing file, directory or glob "
+            f"(or a hub dataset id such as 'cerebras/SlimPajama-627B')"
+        )
+    return False
+
+
+def local_files(path: str) -> tuple[str, list[str]]:
+    """(builder, sorted files) for a file, a directory (all supported files below it) or a glob."""
+    if os.path.isfile(path):
+        builder = _builder(path)
+        if builder is None:
+            raise ValueError(f"unsupported data file {path!r}: {_supported_hint(path)}")
+        return builder, [path]
+    if os.path.isdir(path):
+        candidates = [str(p) for p in sorted(Path(path).rglob("*")) if p.is_file() and not _hidden(p, path)]
+        where = f"directory {path!r}"
+    else:
+        candidates = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+        if not candidates:
+            raise FileNotFoundError(f"no files match the glob {path!r}: check the pattern")
+        where = f"glob {path!r}"
+    files = [f for f in candidates if _builder(f) is not None]
+    if not files:
+        raise ValueError(f"no supported data files in {where}: expected {_SUPPORTED}")
+    builders = sorted({_builder(f) for f in files})
+    if len(builders) > 1:
+        raise ValueError(
+            f"{where} mixes file formats ({', '.join(builders)}): point `path` at one kind, "
+            f"e.g. with a glob such as 'dir/*.jsonl'"
+        )
+    return builders[0], files
+
+
+def load_dataset(*args, **kwargs):
+    """`datasets.load_dataset`, imported on first use: `datasets` is an optional dependency (`t2r[train]`)."""
+    try:
+        from datasets import load_dataset as load
+    except ImportError as err:
+        raise ImportError("reading training data needs the `datasets` package: pip install 't2r[train]'") from err
+    return load(*args, **kwargs)
+
+
+def shuffled(dataset: Dataset | IterableDataset, seed: int, buffer_size: int) -> Dataset | IterableDataset:
+    """Seeded shuffle: exact for in-memory datasets, shard order + a `buffer_size` buffer when streaming."""
+    from datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return dataset.shuffle(seed=seed, buffer_size=buffer_size)
+    return dataset.shuffle(seed=seed, keep_in_memory=True)  # indices in memory: no cache file per seed
+
+
+def _texts(dataset: Dataset | IterableDataset, cfg: DataConfig) -> Iterator[str]:
+    """The `text_field` of each row, skipping empty documents."""
+    if dataset.column_names is not None:
+        dataset = dataset.select_columns([cfg.text_field])  # don't decode the other columns
+    for row in dataset:
+        if cfg.text_field not in row:
+            raise ValueError(_missing_field(cfg, list(row)))
+        text = row[cfg.text_field]
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise TypeError(
+                f"text_field {cfg.text_field!r} holds {type(text).__name__}, not str: "
+                f"set text_field to a column of strings"
+            )
+        if text.strip():
+            yield text
+
+
+def _builder(path: str) -> str | None:
+    name = os.path.basename(path).lower()
+    for compression in ("", *COMPRESSIONS):
+        for suffix, builder in BUILDERS.items():
+            if name.endswith(suffix + compression) and not (builder == "parquet" and compression):
+                return builder
+    return None
+
+
+def _has_data_suffix(path: str) -> bool:
+    name = path.lower()
+    return any(name.endswith(s + c) for s in BUILDERS for c in ("", *COMPRESSIONS))
+
+
+def _supported_hint(path: str) -> str:
+    if path.lower().endswith(tuple(".parquet" + c for c in COMPRESSIONS)):
+        return "parquet is compressed internally and cannot be read compressed again: decompress the file"
+    return f"supported are {_SUPPORTED}"
+
+
+def _hidden(file: Path, root: str) -> bool:
+    return any(part.startswith(".") for part in file.relative_to(root).parts)
+
+
+def _missing_field(cfg: DataConfig, columns) -> str:
+    return (
+        f"text_field {cfg.text_field!r} is not a column of {cfg.path!r}; available columns: "
+        f"{', '.join(map(repr, columns))}. Set DataConfig.text_field to one of them"
+    )

@@ -1,0 +1,77 @@
+"""The model a recipe trains: source loaded, converted (or not, for the baseline), and the
+trainable parameters chosen (all, attention, the new gates only, or LoRA through peft)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from t2r.convert import convert
+from t2r.layers.base import ConvertedAttention
+from t2r.sources import load_source
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def new_module_names(model: nn.Module) -> list[str]:
+    """Names (relative to their attention module) of the parameterised submodules conversion added:
+    GSA's slot gate, GLA's low-rank gate, FoX's forget gate; RetNet adds none."""
+    names = set()
+    for module in model.modules():
+        if isinstance(module, ConvertedAttention):
+            names.update(n for n, child in module.named_children()
+                         if n not in PROJECTIONS and any(True for _ in child.parameters()))
+    return sorted(names)
+
+
+def build_model(recipe, dtype: torch.dtype | None = None):
+    """(model, tokenizer, teacher or None) for the recipe. Weights load in float32 unless `dtype`
+    is given: under mixed precision the optimizer keeps fp32 master weights and autocast computes
+    in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills."""
+    dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else DTYPES[recipe.model.dtype])
+    source, tokenizer = load_source(recipe.model.source, dtype=dtype)
+    teacher = None
+    if recipe.convert.target == "none":
+        model = source
+    else:
+        if recipe.stages.distill is not None:
+            teacher, _ = load_source(recipe.model.source, dtype=DTYPES[recipe.model.dtype])
+            teacher.eval().requires_grad_(False)
+        model = convert(source, recipe.convert.target, layers=recipe.convert.layers, **recipe.convert.options)
+    if recipe.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return select_trainable(model, recipe), tokenizer, teacher
+
+
+def select_trainable(model: nn.Module, recipe) -> nn.Module:
+    """Freeze what the recipe does not train. `lora` wraps the model with peft: adapters on
+    `lora.target_modules`, the new gates trained in full (`modules_to_save`)."""
+    mode = recipe.train.trainable
+    if mode == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = recipe.lora
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                            target_modules=list(lora.target_modules),
+                            modules_to_save=new_module_names(model) or None)
+        return get_peft_model(model, config)
+    if mode == "all":
+        model.requires_grad_(True)
+        return model
+    gates = new_module_names(model)
+    if mode == "gates" and not gates:
+        raise ValueError(f"train.trainable=gates: the {recipe.convert.target!r} layers add no parameters "
+                         "(RetNet has no gates); choose all, attention or lora")
+    for name, param in model.named_parameters():
+        in_attention = ".self_attn." in name
+        is_gate = in_attention and any(f".self_attn.{g}." in name for g in gates)
+        param.requires_grad_(is_gate if mode == "gates" else in_attention)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total

@@ -1,0 +1,404 @@
+"""Finetuning recipes: one YAML file (plus `section.field=value` overrides) -> a validated `Recipe`.
+
+Validation is generic over the dataclass fields and their type hints (`_coerce`), per-field limits
+(`RULES` on each section) and a few cross-field checks (`_check_recipe`); all of it runs before
+`load_recipe` returns, and every `RecipeError` names the field path and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import glob
+import math
+import operator
+import os
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import ClassVar, Sequence
+
+import yaml
+
+from t2r.data.config import DataConfig
+from t2r.layers.options import MIXERS, MixerOptions
+
+TARGETS = (*MIXERS, "none")
+DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULES = ("cosine", "linear", "constant")
+MIXED_PRECISION = ("bf16", "fp16", "no")
+TRAINABLE = ("all", "attention", "gates", "lora")
+TRACKERS = ("tensorboard", "wandb")
+LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet", ".gz", ".csv", ".arrow", ".gguf", ".safetensors")
+_LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
+_LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message starts with the offending field path."""
+
+
+@dataclass
+class ModelSection:
+    source: str  # hub id, local directory, file.gguf, or "smollm2"
+    dtype: str = "bfloat16"  # dtype the source is loaded in
+    RULES: ClassVar[dict] = {"source": {"nonempty": True}, "dtype": {"choices": DTYPES}}
+
+
+@dataclass
+class ConvertSection:
+    target: str  # gsa | gla | retnet | fox, or "none" to finetune the source model (baseline)
+    layers: str | None = None  # e.g. "0-15,20" (default: all layers)
+    options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
+    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}}
+
+
+@dataclass
+class DataSection(DataConfig):
+    """`t2r.data.DataConfig` plus how documents become training sequences."""
+
+    seq_len: int = 2048
+    document_boundaries: bool = True  # reset the state / mask attention at document starts
+    RULES: ClassVar[dict] = {
+        "path": {"nonempty": True}, "held_out": {"min": 0}, "shuffle_buffer": {"min": 0},
+        "max_documents": {"min": 1}, "seq_len": {"min": 1},
+    }
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(**{f.name: getattr(self, f.name) for f in fields(DataConfig)})
+
+
+@dataclass
+class TrainSection:
+    tokens_per_step: int  # global batch in tokens (all devices, all accumulation steps)
+    lr: float = 3e-5
+    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio (cosine, linear)
+    warmup_steps: int = 1000
+    schedule: str = "cosine"
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0
+    micro_batch_size: int = 1  # sequences per device per forward
+    max_steps: int | None = None  # exactly one of max_steps / max_tokens
+    max_tokens: int | None = None
+    seed: int = 0
+    mixed_precision: str = "bf16"
+    gradient_checkpointing: bool = False
+    trainable: str = "all"
+    RULES: ClassVar[dict] = {
+        "tokens_per_step": {"min": 1}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
+        "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},
+        "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1},
+        "max_steps": {"min": 1}, "max_tokens": {"min": 1}, "seed": {"min": 0},
+        "mixed_precision": {"choices": MIXED_PRECISION}, "trainable": {"choices": TRAINABLE},
+    }
+
+    @property
+    def total_steps(self) -> int:
+        return self.max_steps if self.max_steps is not None else self.max_tokens // self.tokens_per_step
+
+
+@dataclass
+class LoraSection:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    RULES: ClassVar[dict] = {"r": {"min": 1}, "alpha": {"min": 1}, "dropout": {"min": 0, "lt": 1},
+                             "target_modules": {"nonempty": True}}
+
+
+@dataclass
+class AttentionTransferSection:
+    """Train the new layers to match each source attention layer's output (LoLCATs-style)."""
+
+    steps: int
+    lr: float = 1e-3
+    RULES: ClassVar[dict] = {"steps": {"min": 1}, "lr": {"gt": 0}}
+
+
+@dataclass
+class DistillSection:
+    weight: float = 1.0  # loss = weight * KL(source || model) + (1 - weight) * next-token loss
+    temperature: float = 1.0
+    RULES: ClassVar[dict] = {"weight": {"min": 0, "max": 1}, "temperature": {"gt": 0}}
+
+
+@dataclass
+class StagesSection:
+    attention_transfer: AttentionTransferSection | None = None
+    distill: DistillSection | None = None
+
+
+@dataclass
+class CheckpointSection:
+    dir: str = "runs/{name}"  # {name} is replaced by the recipe name
+    every_steps: int = 500
+    keep_last: int = 2
+    RULES: ClassVar[dict] = {"dir": {"nonempty": True}, "every_steps": {"min": 1}, "keep_last": {"min": 1}}
+
+
+@dataclass
+class LoggingSection:
+    every_steps: int = 10
+    trackers: list[str] = field(default_factory=list)
+    plot: bool = True  # write loss / lr curves as PNG next to the checkpoints
+    RULES: ClassVar[dict] = {"every_steps": {"min": 1}, "trackers": {"choices": TRACKERS}}
+
+
+@dataclass
+class Recipe:
+    name: str
+    model: ModelSection
+    convert: ConvertSection
+    data: DataSection
+    train: TrainSection
+    lora: LoraSection | None = None
+    stages: StagesSection = field(default_factory=StagesSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    RULES: ClassVar[dict] = {"name": {"nonempty": True}}
+
+    @property
+    def total_steps(self) -> int:
+        return self.train.total_steps
+
+    def grad_accum_steps(self, num_processes: int = 1) -> int:
+        """Micro-batches per optimizer step on each of `num_processes` devices."""
+        per_micro = self.data.seq_len * self.train.micro_batch_size * num_processes
+        steps, rest = divmod(self.train.tokens_per_step, per_micro)
+        if num_processes < 1 or rest or steps < 1:
+            raise RecipeError(
+                f"train.tokens_per_step: {self.train.tokens_per_step} tokens is not a positive multiple of "
+                f"data.seq_len ({self.data.seq_len}) x train.micro_batch_size ({self.train.micro_batch_size}) x "
+                f"{num_processes} process(es) = {per_micro}; change one of them "
+                f"(e.g. train.tokens_per_step={max(1, round(self.train.tokens_per_step / per_micro)) * per_micro})")
+        return steps
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+_BOUNDS = {"min": (operator.ge, ">="), "gt": (operator.gt, ">"), "max": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+def _suggest(word: str, options: Sequence[str], list_all: bool = True) -> str:
+    match = difflib.get_close_matches(word, list(options), n=1)
+    if match:
+        return f"; did you mean {match[0]!r}?"
+    return f"; expected one of {', '.join(options)}" if list_all else ""
+
+
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _scalar(value, tp):
+    """`value` as bool/int/float/str, or None: ints pass as floats or strings, integral floats as ints (20e9),
+    numeric strings as numbers (PyYAML reads 1e-4, without a dot, as a string); bools only as bools."""
+    if isinstance(value, bool) or tp is bool:
+        return value if tp is bool and isinstance(value, bool) else None
+    if tp is str or (tp is int and isinstance(value, int)):
+        return value if isinstance(value, (str, tp)) else str(value) if isinstance(value, int) else None
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) else math.nan
+    except ValueError:
+        return None
+    if not math.isfinite(number) or (tp is int and not number.is_integer()):
+        return None
+    return int(number) if tp is int else number
+
+
+def _type_error(path: str, expected: str, value) -> RecipeError:
+    return RecipeError(f"{path}: expected {expected}, got {value!r}")
+
+
+def _coerce(value, tp, path: str):
+    """`value` as type hint `tp`, or a RecipeError naming `path`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if value is None:
+        raise RecipeError(f"{path}: must be set (got null)")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _type_error(path, "a section (field: value mapping)", value)
+        return _build(tp, value, path)
+    if tp in _SCALARS:
+        if (result := _scalar(value, tp)) is None:
+            raise _type_error(path, _SCALARS[tp], value)
+        return result
+    if origin is list:
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(path, "a list", value)
+        return [_coerce(item, args[0], f"{path}[{i}]") for i, item in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise _type_error(path, f"a list of {len(args)} items", value)
+        return tuple(_coerce(item, t, f"{path}[{i}]") for i, (item, t) in enumerate(zip(value, args)))
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise _type_error(path, "a mapping of names to values", value)
+        return dict(value)
+    raise TypeError(f"{path}: unsupported field type {tp!r}")
+
+
+def _check_rules(value, rules: dict, path: str) -> None:
+    if value is None:
+        return
+    if rules.get("nonempty") and not value:
+        raise RecipeError(f"{path}: must not be empty")
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        choices = rules.get("choices")
+        if choices and item not in choices:
+            raise RecipeError(f"{path}: {item!r} is not one of {', '.join(choices)}"
+                              f"{_suggest(str(item), choices, list_all=False)}")
+        for key, (ok, word) in _BOUNDS.items():
+            if key in rules and not ok(item, rules[key]):
+                raise RecipeError(f"{path}: must be {word} {rules[key]}, got {item!r}")
+
+
+def _build(cls, data: dict, path: str = ""):
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    join = (lambda name: f"{path}.{name}") if path else (lambda name: name)
+    for key in data:
+        if key not in known:
+            raise RecipeError(f"{join(key)}: unknown field{_suggest(str(key), list(known))}")
+    values = {}
+    for name, f in known.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                kind = "section" if dataclasses.is_dataclass(hints[name]) else "field"
+                raise RecipeError(f"{join(name)}: missing required {kind}")
+            continue
+        values[name] = _coerce(data[name], hints[name], join(name))
+        _check_rules(values[name], getattr(cls, "RULES", {}).get(name, {}), join(name))
+    return cls(**values)
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def is_local_path(path: str) -> bool:
+    """True for paths meant as local files or directories; hub ids like `cerebras/SlimPajama-627B` are not."""
+    return (os.path.exists(os.path.expanduser(path)) or path.startswith((".", "/", "~"))
+            or path.lower().endswith(LOCAL_SUFFIXES))
+
+
+def _check_recipe(recipe: Recipe, check_files: bool) -> None:
+    train, convert = recipe.train, recipe.convert
+    if (train.max_steps is None) == (train.max_tokens is None):
+        got = "both" if train.max_steps is not None else "neither"
+        raise RecipeError(f"train.max_steps / train.max_tokens: set exactly one of them (got {got})")
+    if train.max_tokens is not None and train.max_tokens < train.tokens_per_step:
+        raise RecipeError(f"train.max_tokens: {train.max_tokens} is less than one step "
+                          f"(train.tokens_per_step={train.tokens_per_step})")
+    recipe.grad_accum_steps(1)  # tokens_per_step must split into whole micro-batches
+    if train.trainable == "lora" and recipe.lora is None:
+        raise RecipeError("lora: missing; train.trainable=lora needs a lora section (e.g. lora.r=16)")
+    if train.trainable != "lora" and recipe.lora is not None:
+        raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
+                          "set train.trainable=lora or remove the lora section")
+    if train.trainable == "gates" and convert.target in ("none", "retnet"):
+        raise RecipeError(f"train.trainable: 'gates' trains the new gates, and target {convert.target!r} adds none; "
+                          "use train.trainable=attention or all")
+    if convert.target == "none":
+        for bad, what in ((convert.layers is not None, "convert.layers"), (bool(convert.options), "convert.options"),
+                          (recipe.stages.attention_transfer is not None, "stages.attention_transfer")):
+            if bad:
+                raise RecipeError(f"{what}: needs converted layers, but convert.target is 'none' (baseline)")
+    else:
+        if convert.layers is not None and not _LAYERS.fullmatch(convert.layers):
+            raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1'")
+        hints = typing.get_type_hints(MixerOptions)
+        for key, value in convert.options.items():
+            if key not in hints:
+                raise RecipeError(f"convert.options.{key}: unknown option{_suggest(key, list(hints))}")
+            convert.options[key] = _coerce(value, hints[key], f"convert.options.{key}")
+        try:
+            MixerOptions.resolve(convert.target, **convert.options)
+        except (ValueError, TypeError) as err:
+            raise RecipeError(f"convert.options: {err}") from None
+    if check_files:
+        source = recipe.model.source  # hub ids and "smollm2" are not files
+        source_local = source.startswith((".", "/", "~")) or source.lower().endswith(".gguf")
+        for path, value, local in (("data.path", recipe.data.path, is_local_path(recipe.data.path)),
+                                   ("model.source", source, source_local)):
+            if local and not glob.glob(os.path.expanduser(value)):  # a file, directory or glob
+                raise RecipeError(f"{path}: {value!r} does not exist (relative paths are from {os.getcwd()}); "
+                                  "fix the path or use a hub id")
+
+
+def recipe_from_dict(data: dict, check_files: bool = True) -> Recipe:
+    """Validate a plain mapping (as read from YAML) into a Recipe."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe: expected a mapping of sections, got {type(data).__name__}")
+    recipe = _build(Recipe, data)
+    recipe.checkpoint.dir = recipe.checkpoint.dir.replace("{name}", recipe.name)
+    _check_recipe(recipe, check_files)
+    return recipe
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Set `section.field=value` (value read as YAML) in the raw mapping, creating sections as needed."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RecipeError(f"override {override!r}: expected section.field=value, e.g. train.lr=1e-4")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    parts, node = key.split("."), data
+    for i, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        elif not isinstance(node[part], dict):
+            raise RecipeError(f"{'.'.join(parts[:i + 1])}: is a value, not a section (override {override!r})")
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def load_recipe(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                check_files: bool = True) -> Recipe:
+    """Read a YAML recipe (the recipe name defaults to the file's stem), apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise RecipeError(f"recipe file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise RecipeError(f"recipe file {str(path)!r} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"recipe file {str(path)!r}: expected a mapping of sections at the top level")
+        data.setdefault("name", path.stem)
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    for override in overrides:
+        apply_override(data, override)
+    return recipe_from_dict(data, check_files=check_files)
+
+
+def save_resolved(recipe: Recipe, directory: str | os.PathLike) -> Path:
+    """Write the fully resolved recipe (all defaults filled in) to `directory/recipe.yaml`."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recipe.yaml"
+    path.write_text(f"# resolved recipe {recipe.name!r}: all defaults filled in\n"
+                    + yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    return path

@@ -1,0 +1,132 @@
+"""Finetuning end to end on a tiny model (CPU): the loss goes down, an interrupted run resumed
+from its last checkpoint ends with the same weights as an uninterrupted one, checkpoints are
+atomic, and the trainable choices (gates, LoRA) and distillation run."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from t2r.train import Interrupt, finetune, load_recipe
+from t2r.train import checkpoint as ckpt
+from tests.data.conftest import char_tokenizer
+from tests.models.conftest import tiny_source
+
+SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a journey of a thousand miles begins with a single step",
+    "all that glitters is not gold and not all who wander are lost",
+    "to be or not to be that is the question",
+    "the early bird catches the worm but the second mouse gets the cheese",
+]
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory):
+    """A tiny random Llama with a character tokenizer, saved like a hub checkpoint."""
+    path = tmp_path_factory.mktemp("source")
+    tokenizer = char_tokenizer()
+    model = tiny_source("llama", vocab_size=len(tokenizer))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    rows = [{"text": f"{SENTENCES[i % 5]} {SENTENCES[(3 * i + 1) % 5]}", "source": "test"} for i in range(60)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def recipe(tmp_path, source_dir, corpus, run="run", **overrides):
+    text = textwrap.dedent(f"""
+        name: tiny
+        model: {{source: "{source_dir}", dtype: float32}}
+        convert: {{target: gsa, options: {{num_slots: 8}}}}
+        data: {{path: "{corpus}", seq_len: 32, held_out: 4}}
+        train: {{lr: 3.0e-3, warmup_steps: 2, tokens_per_step: 128, micro_batch_size: 2, max_steps: 6,
+                 mixed_precision: "no", seed: 0}}
+        checkpoint: {{dir: "{tmp_path / run}", every_steps: 3, keep_last: 2}}
+        logging: {{every_steps: 1, plot: false}}
+    """)
+    path = tmp_path / f"{run}.yaml"
+    path.write_text(text)
+    return load_recipe(path, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def final_weights(recipe_):
+    return load_file(f"{recipe_.checkpoint.dir}/final/model.safetensors")
+
+
+def test_loss_goes_down(tmp_path, source_dir, corpus):
+    losses = []
+    r = recipe(tmp_path, source_dir, corpus, **{"train.max_steps": 12})
+    metrics = finetune(r, callbacks=[lambda m: losses.append(m["loss"])])
+    assert len(losses) == 12 and metrics["step"] == 12
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.3, losses
+    assert metrics["validation_loss"] < losses[0]
+    assert (tmp_path / "run" / "final" / "recipe.yaml").is_file()
+    assert [p.name for p in ckpt.checkpoints(r.checkpoint.dir)] == ["step-00000009", "step-00000012"]
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, source_dir, corpus):
+    straight = recipe(tmp_path, source_dir, corpus, run="straight")
+    finetune(straight)
+
+    broken = recipe(tmp_path, source_dir, corpus, run="broken")
+
+    def crash_after_step_4(metrics):
+        if metrics["step"] == 4:
+            raise Interrupt  # step 4 is lost: the last checkpoint is step 3
+
+    with pytest.raises(Interrupt):
+        finetune(broken, callbacks=[crash_after_step_4])
+    assert ckpt.latest(broken.checkpoint.dir).name == "step-00000003"
+    metrics = finetune(broken, resume=True)
+    assert metrics["step"] == 6
+    a, b = final_weights(straight), final_weights(broken)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+
+
+def test_resume_without_checkpoint_starts_fresh_and_half_written_checkpoints_are_ignored(tmp_path, source_dir,
+                                                                                           corpus):
+    r = recipe(tmp_path, source_dir, corpus, run="fresh", **{"train.max_steps": 3})
+    stale = tmp_path / "fresh" / ".tmp-step-00000007"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    assert ckpt.latest(r.checkpoint.dir) is None
+    assert finetune(r, resume=True)["step"] == 3
+    assert not stale.exists()
+    assert ckpt.read_state(ckpt.latest(r.checkpoint.dir)) == {"step": 3, "tokens": 3 * 128}
+
+
+def test_gates_only_leaves_the_rest_untouched(tmp_path, source_dir, corpus):
+    r = recipe(tmp_path, source_dir, corpus, run="gates", **{"train.trainable": "gates", "train.max_steps": 2})
+    finetune(r)
+    import t2r
+
+    start = t2r.convert(tiny_source("llama", vocab_size=len(char_tokenizer())), "gsa", num_slots=8).state_dict()
+    trained = final_weights(r)
+    changed = {n for n in trained if not torch.equal(trained[n], start[n])}
+    assert changed and all("slot_gate" in n for n in changed), changed
+
+
+def test_lora_and_distillation_run(tmp_path, source_dir, corpus):
+    r = recipe(tmp_path, source_dir, corpus, run="lora", **{"train.trainable": "lora", "lora.r": 4,
+                                                             "stages.distill.weight": 0.5, "train.max_steps": 2})
+    metrics = finetune(r)
+    assert metrics["step"] == 2 and metrics["loss"] == metrics["loss"]
+    saved = {p.name for p in (tmp_path / "lora" / "final").iterdir()}
+    assert "adapter_model.safetensors" in saved and "adapter_config.json" in saved
+
+
+def test_attention_transfer_is_refused_clearly(tmp_path, source_dir, corpus):
+    r = recipe(tmp_path, source_dir, corpus, run="at", **{"stages.attention_transfer.steps": 2})
+    with pytest.raises(ValueError, match="attention_transfer is not implemented"):
+        finetune(r)
