@@ -47,3 +47,33 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, capsys):
     code = main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "w5", "--device", "cpu"])
     assert code == 2
     assert "model directory not found" in capsys.readouterr().err
+
+
+def test_finetune_from_a_recipe_with_overrides(tmp_path, capsys):
+    """`t2r finetune --config recipe.yaml section.field=value ...` trains, checkpoints and saves the
+    model, which `t2r generate` then loads; a bad recipe stops before anything loads."""
+    from t2r.data.synthetic import write_jsonl
+    from tests.data.conftest import char_tokenizer
+
+    source = tmp_path / "src"
+    tokenizer = char_tokenizer()
+    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    data = write_jsonl(tmp_path / "train.jsonl", count=40)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"
+                      "convert: {target: gla}\n"
+                      f"data: {{path: '{data}', seq_len: 64}}\n"
+                      "train: {tokens_per_step: 128, micro_batch_size: 1, max_steps: 30, mixed_precision: 'no'}\n"
+                      "logging: {plot: false}\n")
+    run = tmp_path / "run"
+    assert main(["finetune", "--config", str(recipe), "train.max_steps=3", "train.lr=1e-3",
+                 f"checkpoint.dir={run}"]) == 0
+    assert "step=3 tokens=384" in capsys.readouterr().out
+    assert (run / "final" / "model.safetensors").is_file() and (run / "step-00000003").is_dir()
+    assert main(["generate", "--model", str(run / "final"), "--prompt", "Ada lives in", "--max-new-tokens", "3",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("Ada lives in")
+
+    assert main(["finetune", "--config", str(recipe), "train.lrr=1e-3"]) == 2
+    assert "train.lrr: unknown field; did you mean 'lr'?" in capsys.readouterr().err

@@ -3,6 +3,7 @@ distribution, mixed precision and gradient accumulation), exact resume from atom
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -27,22 +28,34 @@ class Interrupt(Exception):
     """Raised by a callback to stop training after a step (the last checkpoint stays valid)."""
 
 
-def packed_loader(recipe, tokenizer, part: str = "train") -> DataLoader:
-    """Micro-batches of packed rows, flattened into one sequence with document boundaries."""
+def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0) -> DataLoader:
+    """Micro-batches of packed rows, flattened into one sequence with document boundaries. Each
+    epoch shuffles the documents with its own seed (the held-out split depends on the base seed only)."""
     cfg = recipe.data.data_config()
-    rows = PackedSequences(lambda: load_documents(cfg, recipe.train.seed, part), tokenizer, recipe.data.seq_len)
+    seed = recipe.train.seed + epoch
+    rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, recipe.data.seq_len)
     collate = partial(collate_packed, document_boundaries=recipe.data.document_boundaries)
     return DataLoader(rows, batch_size=recipe.train.micro_batch_size, collate_fn=collate)
 
 
-def micro_batches(loader: Iterable[dict], device, rank: int = 0, world: int = 1, skip: int = 0):
-    """This process's micro-batches on `device`: every `world`-th of the one deterministic stream,
-    after the first `skip` (global) ones, which a resumed run has already trained on. (The stream is
-    sharded here, not by accelerate's loader wrapper, which slices the flattened batch's
-    `cu_seq_lens` tensors as if they were per-example.)"""
-    for index, batch in enumerate(loader):
-        if index >= skip and index % world == rank:
-            yield {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+def micro_batches(make_loader: Callable[[int], Iterable[dict]], device, rank: int = 0, world: int = 1,
+                  skip: int = 0, epochs: int | None = None):
+    """This process's micro-batches on `device`: every `world`-th of one deterministic stream of
+    epochs (`make_loader(epoch)`, repeated until `epochs`, or forever), after the first `skip` (global)
+    ones, which a resumed run has already trained on. (The stream is sharded here, not by accelerate's
+    loader wrapper, which slices the flattened batch's `cu_seq_lens` as if they were per-example.)"""
+    index = 0
+    for epoch in itertools.count() if epochs is None else range(epochs):
+        start = index
+        for batch in make_loader(epoch):
+            if index >= skip and index % world == rank:
+                yield {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            index += 1
+        if index == start:
+            if epoch == 0 and epochs is None:
+                raise ValueError("the training data gave no full sequence: check data.path, data.text_field "
+                                 "and data.held_out, or lower data.seq_len")
+            return
 
 
 def step_loss(model, batch: dict, teacher=None, distill=None) -> torch.Tensor:
@@ -108,6 +121,8 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         state = checkpoint.read_state(found)
         step, tokens = state["step"], state["tokens"]
         accelerator.print(f"resumed from {found} (step {step}, {tokens:,} tokens)")
+    elif checkpoint.latest(root) is not None:
+        accelerator.print(f"starting afresh in {root}: its checkpoints will be replaced (--resume continues them)")
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         save_resolved(recipe, root)
@@ -123,7 +138,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
     metrics = {"step": step, "tokens": tokens}
     world, rank = accelerator.num_processes, accelerator.process_index
-    batches = micro_batches(packed_loader(recipe, tokenizer), accelerator.device, rank, world,
+    batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device, rank, world,
                             skip=step * accum * world)
     for batch in batches:
         if step >= total_steps:
@@ -163,7 +178,8 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
 
     final = dict(metrics)
     if recipe.data.held_out:
-        held_out = micro_batches(packed_loader(recipe, tokenizer, "validation"), accelerator.device, rank, world)
+        held_out = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), accelerator.device,
+                                 rank, world, epochs=1)
         final["validation_loss"] = evaluate_loss(model, held_out)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
     accelerator.wait_for_everyone()

@@ -61,9 +61,9 @@ def test_gsa_paper_settings(stem, source, target, tokens):
 def test_smollm2_recipes():
     cpu = load_recipe(RECIPES / "smollm2-gsa-cpu.yaml", check_files=False)
     assert (cpu.model.source, cpu.data.path, cpu.data.seq_len) == ("smollm2", "data/train.jsonl", 256)
-    assert (cpu.train.tokens_per_step, cpu.train.micro_batch_size, cpu.total_steps) == (2048, 4, 30)
+    assert (cpu.train.tokens_per_step, cpu.train.micro_batch_size, cpu.total_steps) == (1024, 4, 20)
     assert (cpu.train.lr, cpu.train.warmup_steps, cpu.train.mixed_precision) == (1e-3, 5, "no")
-    assert cpu.grad_accum_steps(1) == 2
+    assert cpu.grad_accum_steps(1) == 1
     with pytest.raises(RecipeError, match="data.path: 'no-such-dir/train.jsonl' does not exist"):
         load_recipe(RECIPES / "smollm2-gsa-cpu.yaml", ["data.path=no-such-dir/train.jsonl"])
     h100 = load_recipe(RECIPES / "smollm2-gsa-h100.yaml", check_files=False)
