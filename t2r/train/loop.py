@@ -22,6 +22,7 @@ from . import checkpoint
 from .model_setup import build_model, trainable_parameters
 from .recipe import save_resolved
 from .schedule import lr_factor
+from .transfer import attention_transfer
 
 
 class Interrupt(Exception):
@@ -91,9 +92,6 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
 
-    if recipe.stages.attention_transfer is not None:
-        raise ValueError("stages.attention_transfer is not implemented yet; remove it from the recipe "
-                         "(next-token loss and stages.distill are)")
     train = recipe.train
     root = Path(recipe.checkpoint.dir)
     accum = recipe.grad_accum_steps(PartialState().num_processes)
@@ -133,18 +131,29 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
                       f"({accum} micro-batches of {train.micro_batch_size} x {recipe.data.seq_len} tokens "
                       f"x {accelerator.num_processes} processes per step)")
     history = _read_history(root / "metrics.jsonl", step) if accelerator.is_main_process else []
+    world, rank = accelerator.num_processes, accelerator.process_index
+    stage1 = recipe.stages.attention_transfer
+    transfer_mse = None
+    if stage1 is not None and step == 0:  # a resumed run's weights already hold stage 1
+        stage_batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device,
+                                      rank, world)
+        with accelerator.autocast():
+            transfer_mse = attention_transfer(
+                accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
+                reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None)
+        accelerator.print(f"attention transfer: {len(transfer_mse)} steps, "
+                          f"MSE {transfer_mse[0]:.4g} -> {transfer_mse[-1]:.4g}")
     progress = _progress(total_steps, step, accelerator.is_main_process)
     model.train()
     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
     metrics = {"step": step, "tokens": tokens}
-    world, rank = accelerator.num_processes, accelerator.process_index
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device, rank, world,
                             skip=step * accum * world)
     for batch in batches:
         if step >= total_steps:
             break
         with accelerator.accumulate(model):
-            loss = step_loss(model, batch, teacher, recipe.stages.distill)
+            loss = step_loss(model, batch, teacher if recipe.stages.distill else None, recipe.stages.distill)
             accelerator.backward(loss)
             if accelerator.sync_gradients and train.grad_clip:
                 accelerator.clip_grad_norm_(params, train.grad_clip)
@@ -177,6 +186,8 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     progress.close()
 
     final = dict(metrics)
+    if transfer_mse:
+        final["attention_transfer_mse"] = [transfer_mse[0], transfer_mse[-1]]
     if recipe.data.held_out:
         held_out = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), accelerator.device,
                                  rank, world, epochs=1)

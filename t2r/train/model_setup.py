@@ -28,14 +28,15 @@ def new_module_names(model: nn.Module) -> list[str]:
 def build_model(recipe, dtype: torch.dtype | None = None):
     """(model, tokenizer, teacher or None) for the recipe. Weights load in float32 unless `dtype`
     is given: under mixed precision the optimizer keeps fp32 master weights and autocast computes
-    in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills."""
+    in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills or
+    transfers attention."""
     dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else DTYPES[recipe.model.dtype])
     source, tokenizer = load_source(recipe.model.source, dtype=dtype)
     teacher = None
     if recipe.convert.target == "none":
         model = source
     else:
-        if recipe.stages.distill is not None:
+        if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
             teacher, _ = load_source(recipe.model.source, dtype=DTYPES[recipe.model.dtype])
             teacher.eval().requires_grad_(False)
         model = convert(source, recipe.convert.target, layers=recipe.convert.layers, **recipe.convert.options)

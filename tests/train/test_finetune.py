@@ -126,10 +126,33 @@ def test_lora_and_distillation_run(tmp_path, source_dir, corpus):
     assert "adapter_model.safetensors" in saved and "adapter_config.json" in saved
 
 
-def test_attention_transfer_is_refused_clearly(tmp_path, source_dir, corpus):
-    r = recipe(tmp_path, source_dir, corpus, run="at", **{"stages.attention_transfer.steps": 2})
-    with pytest.raises(ValueError, match="attention_transfer is not implemented"):
-        finetune(r)
+def test_attention_transfer_stage_runs_before_next_token_training(tmp_path, source_dir, corpus):
+    """Stage 1 runs inside finetune (its learning is checked on a fixed batch below; here each step
+    sees a new batch), then the next-token stage runs as usual."""
+    r = recipe(tmp_path, source_dir, corpus, run="at", **{"stages.attention_transfer.steps": 20,
+                                                           "stages.attention_transfer.lr": 1e-3,
+                                                           "train.max_steps": 2})
+    metrics = finetune(r)
+    first, last = metrics["attention_transfer_mse"]
+    assert 0 < last < first, (first, last)
+    assert metrics["step"] == 2
+
+
+def test_attention_transfer_trains_only_the_converted_attention():
+    """Stage 1 alone on a fixed batch: every converted layer pairs with its source layer, the
+    distance falls, and nothing outside the converted attention modules moves."""
+    import t2r
+    from t2r.train.transfer import attention_transfer, layer_pairs
+
+    teacher = tiny_source("llama")
+    student = t2r.convert(tiny_source("llama"), "gla", layers="0,2")
+    assert [i for i, _, _ in layer_pairs(student, teacher)] == [0, 2]
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    ids = torch.randint(3, 97, (1, 64), generator=torch.Generator().manual_seed(0))
+    losses = attention_transfer(student, teacher, [{"input_ids": ids, "labels": ids}] * 10, steps=10, lr=1e-3)
+    assert len(losses) == 10 and losses[-1] < 0.3 * losses[0], losses
+    moved = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith(("model.layers.0.self_attn.", "model.layers.2.self_attn.")) for n in moved)
 
 
 def test_small_data_repeats_in_reshuffled_epochs_and_resumes_across_them(tmp_path, source_dir, corpus):

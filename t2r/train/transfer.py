@@ -1,0 +1,87 @@
+"""Attention transfer (stage 1 of LoLCATs, Zhang et al. 2024): before any next-token training, each
+converted attention layer learns to reproduce the output of the softmax attention it replaced, on
+the source model's own hidden states. All layers train at once and independently:
+
+    loss = mean over converted layers l of  MSE( student_l(x_l), teacher_l(x_l) )
+
+where x_l is the input of layer l's attention in the (frozen) source model, captured by a forward
+hook. Only the converted attention modules' trainable parameters move; one optimizer, its own lr.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from t2r.layers.base import ConvertedAttention
+
+# the inputs of a converted attention module; the softmax mask and the KV cache stay with the teacher
+_PASSED = ("position_embeddings", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def layer_pairs(student: nn.Module, teacher: nn.Module) -> list[tuple[int, nn.Module, nn.Module]]:
+    """(index, converted attention, source attention) for every converted layer."""
+    student_layers, teacher_layers = _decoder_layers(student), _decoder_layers(teacher)
+    return [(i, s.self_attn, t.self_attn) for i, (s, t) in enumerate(zip(student_layers, teacher_layers))
+            if isinstance(s.self_attn, ConvertedAttention)]
+
+
+def _decoder_layers(model: nn.Module):
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__}: no decoder layers found")
+
+
+def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable[dict], steps: int, lr: float,
+                       reduce_grads=None, on_step=None) -> list[float]:
+    """Train the converted attention layers of `student` to match `teacher`'s attention outputs for
+    `steps` batches; returns the loss of each step. `reduce_grads(tensor)` (e.g. a mean over data-
+    parallel processes) is applied to every gradient before the update."""
+    pairs = layer_pairs(student, teacher)
+    if not pairs:
+        raise ValueError("stages.attention_transfer: the model has no converted layers")
+    params = [p for _, s, _ in pairs for p in s.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("stages.attention_transfer: no trainable parameter in the converted attention layers "
+                         "(train.trainable freezes them all)")
+    captured: dict[int, tuple[dict, torch.Tensor]] = {}
+
+    def capture(index):
+        def hook(module, args, kwargs, output):
+            captured[index] = ({**kwargs, "hidden_states": args[0] if args else kwargs["hidden_states"]}, output[0])
+        return hook
+
+    handles = [t.register_forward_hook(capture(i), with_kwargs=True) for i, _, t in pairs]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    losses = []
+    try:
+        for batch in islice(batches, steps):
+            with torch.no_grad():
+                teacher(**{k: v for k, v in batch.items() if k != "labels"})
+            loss = 0.0
+            for index, student_attention, _ in pairs:
+                kwargs, target = captured[index]
+                out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
+                                           **{k: kwargs[k] for k in _PASSED if k in kwargs})
+                loss = loss + F.mse_loss(out.float(), target.float())
+            loss = loss / len(pairs)
+            loss.backward()
+            if reduce_grads is not None:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad = reduce_grads(p.grad)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            if on_step is not None:
+                on_step(len(losses), losses[-1])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return losses
