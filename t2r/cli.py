@@ -109,10 +109,13 @@ def run_generate(args) -> int:
 def run_finetune(args) -> int:
     from t2r.train import finetune, load_recipe
 
+    from accelerate import PartialState
+
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
     metrics = finetune(recipe, resume=args.resume)
-    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
-    print(f"model saved to {recipe.checkpoint.dir}/final")
+    if PartialState().is_main_process:
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+        print(f"model saved to {recipe.checkpoint.dir}/final")
     return 0
 
 

@@ -94,9 +94,10 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
 
     train = recipe.train
     root = Path(recipe.checkpoint.dir)
-    accum = recipe.grad_accum_steps(PartialState().num_processes)
+    cpu = not torch.cuda.is_available()  # accelerate only forms a multi-process CPU group when told (gloo)
+    accum = recipe.grad_accum_steps(PartialState(cpu=cpu).num_processes)
     total_steps = recipe.total_steps
-    accelerator = Accelerator(mixed_precision=train.mixed_precision, gradient_accumulation_steps=accum,
+    accelerator = Accelerator(cpu=cpu, mixed_precision=train.mixed_precision, gradient_accumulation_steps=accum,
                               log_with=recipe.logging.trackers or None, project_dir=str(root / "logs"))
     set_seed(train.seed)
 

@@ -1,0 +1,36 @@
+"""Data parallel training (DDP through accelerate, two CPU processes over gloo, launched with
+torchrun as `accelerate launch` does) ends with the weights of one process training on the same
+global batches: the stream is sharded by micro-batch and gradients are averaged."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from t2r.train import finetune
+from tests.train.conftest import recipe
+
+
+def test_two_processes_equal_one(tmp_path, source_dir, corpus):
+    overrides = {"train.tokens_per_step": 256, "train.max_steps": 3, "data.held_out": 0}
+    single = recipe(tmp_path, source_dir, corpus, run="single", **overrides)
+    finetune(single)
+
+    recipe(tmp_path, source_dir, corpus, run="ddp", **overrides)  # writes ddp.yaml
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"),
+           *[f"{k}={v}" for k, v in overrides.items()]]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+    assert "x 2 processes per step" in done.stdout + done.stderr
+    a = load_file(tmp_path / "single" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "ddp" / "final" / "model.safetensors")
+    start = load_file(source_dir / "model.safetensors")
+    assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3  # training moved the weights
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
