@@ -90,12 +90,17 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     and RNG state), else start fresh. Each callback gets the metrics dict after every optimizer
     step and may raise `Interrupt` to stop."""
     from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import set_seed
 
     train = recipe.train
     root = Path(recipe.checkpoint.dir)
     cpu = not torch.cuda.is_available()  # accelerate only forms a multi-process CPU group when told (gloo)
     accum = recipe.grad_accum_steps(PartialState(cpu=cpu).num_processes)
+    # a second run in one process (tests, notebooks) may use another precision or accumulation; the
+    # process group (PartialState) is kept
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
     total_steps = recipe.total_steps
     accelerator = Accelerator(cpu=cpu, mixed_precision=train.mixed_precision, gradient_accumulation_steps=accum,
                               log_with=recipe.logging.trackers or None, project_dir=str(root / "logs"))
@@ -167,6 +172,8 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         scheduler.step()
         step += 1
         tokens += window_tokens
+        if world > 1:  # log the mean over processes, not this process's share
+            window_loss = accelerator.reduce(torch.tensor(window_loss, device=accelerator.device), "mean").item()
         elapsed = time.perf_counter() - window_start
         metrics = {"step": step, "tokens": tokens, "loss": window_loss, "lr": scheduler.get_last_lr()[0],
                    "tokens_per_s": window_tokens / max(elapsed, 1e-9)}

@@ -129,3 +129,22 @@ def test_empty_training_data_is_a_clear_error(tmp_path, source_dir, corpus):
     r = recipe(tmp_path, source_dir, corpus, run="empty", **{"data.held_out": 60})
     with pytest.raises(ValueError, match="no full sequence"):
         finetune(r)
+
+
+def test_gradient_checkpointing_gives_the_same_training(tmp_path, source_dir, corpus):
+    plain = recipe(tmp_path, source_dir, corpus, run="plain", **{"train.max_steps": 2, "data.held_out": 0})
+    ckpt_ = recipe(tmp_path, source_dir, corpus, run="gc", **{"train.max_steps": 2, "data.held_out": 0,
+                                                              "train.gradient_checkpointing": "true"})
+    a, b = finetune(plain), finetune(ckpt_)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    for name, value in final_weights(plain).items():
+        torch.testing.assert_close(final_weights(ckpt_)[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_mixed_precision_trains(tmp_path, source_dir, corpus):
+    losses = []
+    r = recipe(tmp_path, source_dir, corpus, run="bf16", **{"train.mixed_precision": "bf16", "train.max_steps": 6,
+                                                             "data.held_out": 0})
+    finetune(r, callbacks=[lambda m: losses.append(m["loss"])])
+    assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
+    assert final_weights(r)["model.embed_tokens.weight"].dtype == torch.float32  # fp32 master weights
