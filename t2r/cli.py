@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("overrides", nargs="*", help="section.field=value, e.g. train.lr=1e-4 data.seq_len=512")
     finetune.add_argument("--resume", action="store_true",
                           help="continue from the latest checkpoint in checkpoint.dir (exact: data, optimizer, RNG)")
+    finetune.add_argument("--dry-run", action="store_true",
+                          help="validate the recipe, print it resolved with the step plan, and stop")
 
     generate = commands.add_parser("generate", help="generate text with a (converted) model")
     add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
@@ -112,11 +114,28 @@ def run_finetune(args) -> int:
     from accelerate import PartialState
 
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+        train, seq_len = recipe.train, recipe.data.seq_len
+        print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
+              f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
+              f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
+              f"{recipe.grad_accum_steps(1)}x on 1 process"
+              + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
+              + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+        return 0
     metrics = finetune(recipe, resume=args.resume)
     if PartialState().is_main_process:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
         print(f"model saved to {recipe.checkpoint.dir}/final")
     return 0
+
+
+def _divides(recipe, processes: int) -> bool:
+    train = recipe.train
+    return train.tokens_per_step % (recipe.data.seq_len * train.micro_batch_size * processes) == 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,3 +77,13 @@ def test_finetune_from_a_recipe_with_overrides(tmp_path, capsys):
 
     assert main(["finetune", "--config", str(recipe), "train.lrr=1e-3"]) == 2
     assert "train.lrr: unknown field; did you mean 'lr'?" in capsys.readouterr().err
+
+
+def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
+    import yaml
+
+    assert main(["finetune", "--config", "recipes/mistral-7b-gsa-20b.yaml", "--dry-run", "train.lr=1e-4"]) == 0
+    out = capsys.readouterr().out
+    resolved = yaml.safe_load(out)
+    assert resolved["train"]["lr"] == 1e-4 and resolved["data"]["seq_len"] == 2048
+    assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
