@@ -1,4 +1,4 @@
-"""`t2r` command line: convert | finetune | generate (eval and bench follow the same pattern)."""
+"""`t2r` command line: convert | finetune | run | generate (eval and bench follow the same pattern)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
                           help="continue from the latest checkpoint in checkpoint.dir (exact: data, optimizer, RNG)")
     finetune.add_argument("--dry-run", action="store_true",
                           help="validate the recipe, print it resolved with the step plan, and stop")
+
+    run = commands.add_parser(
+        "run", help="convert, finetune and compare with the source on held-out text, from one recipe",
+        description="t2r finetune, then the held-out loss and perplexity of the source model and of the result "
+                    "side by side (the recipe needs data.held_out > 0). lm-eval tasks are not run yet.")
+    run.add_argument("--config", required=True, help="recipe YAML")
+    run.add_argument("overrides", nargs="*", help="section.field=value")
+    run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
 
     generate = commands.add_parser("generate", help="generate text with a (converted) model")
     add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
@@ -133,6 +141,32 @@ def run_finetune(args) -> int:
     return 0
 
 
+def run_run(args) -> int:
+    import math
+
+    from accelerate import PartialState
+
+    from t2r.sources import load_source
+    from t2r.train import finetune, heldout_loss, load_recipe
+
+    recipe = load_recipe(args.config, args.overrides)
+    if not recipe.data.held_out:
+        raise ValueError("t2r run compares held-out loss: set data.held_out to a number of documents (e.g. 64)")
+    metrics = finetune(recipe, resume=args.resume)
+    if not PartialState().is_main_process:
+        return 0
+    device = default_device(None)
+    source, tokenizer = load_source(recipe.model.source, dtype=torch.float32, device=device)
+    rows = [(f"source ({recipe.model.source})", heldout_loss(source, recipe, tokenizer, device)),
+            (f"{recipe.convert.target}, finetuned {metrics['step']} steps", metrics["validation_loss"])]
+    print(f"held-out loss on {recipe.data.held_out} documents of {recipe.data.path}:")
+    print("| model | loss | perplexity |\n|---|---|---|")
+    for name, loss in rows:
+        print(f"| {name} | {loss:.4f} | {math.exp(min(loss, 50)):.2f} |")
+    print(f"model saved to {recipe.checkpoint.dir}/final")
+    return 0
+
+
 def _divides(recipe, processes: int) -> bool:
     train = recipe.train
     return train.tokens_per_step % (recipe.data.seq_len * train.micro_batch_size * processes) == 0
@@ -140,7 +174,7 @@ def _divides(recipe, processes: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"convert": run_convert, "finetune": run_finetune, "generate": run_generate}
+    handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id

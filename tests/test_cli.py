@@ -87,3 +87,30 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
     resolved = yaml.safe_load(out)
     assert resolved["train"]["lr"] == 1e-4 and resolved["data"]["seq_len"] == 2048
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
+
+
+def test_run_compares_held_out_loss_with_the_source(tmp_path, capsys):
+    from t2r.data.synthetic import write_jsonl
+    from tests.data.conftest import char_tokenizer
+
+    source = tmp_path / "src"
+    tokenizer = char_tokenizer()
+    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    data = write_jsonl(tmp_path / "train.jsonl", count=60)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"
+                      "convert: {target: gsa, options: {num_slots: 8}}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: 8}}\n"
+                      "train: {tokens_per_step: 128, micro_batch_size: 2, max_steps: 12, lr: 3.0e-3,"
+                      " mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\nlogging: {{plot: false}}\n")
+    assert main(["run", "--config", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| source") or line.startswith("| gsa")]
+    (source_loss, tuned_loss) = [float(row[2]) for row in rows]
+    assert tuned_loss < source_loss  # a random tiny source; 12 steps on the generated text beat it
+
+    recipe.write_text(recipe.read_text().replace("held_out: 8", "held_out: 0"))
+    assert main(["run", "--config", str(recipe)]) == 2
+    assert "data.held_out" in capsys.readouterr().err

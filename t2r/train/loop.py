@@ -84,6 +84,12 @@ def evaluate_loss(model, loader: Iterable, max_batches: int = 50) -> float:
     return sum(losses) / len(losses) if losses else float("nan")
 
 
+def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1) -> float:
+    """Mean next-token loss on the recipe's held-out documents (`data.held_out`), packed as in training."""
+    batches = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, rank, world, epochs=1)
+    return evaluate_loss(model, batches)
+
+
 def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], None]] = ()) -> dict:
     """Train the model of `recipe`; returns the final metrics. With `resume`, continue from the
     latest checkpoint under `recipe.checkpoint.dir` (same data position, optimizer, scheduler
@@ -197,9 +203,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     if transfer_mse:
         final["attention_transfer_mse"] = [transfer_mse[0], transfer_mse[-1]]
     if recipe.data.held_out:
-        held_out = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), accelerator.device,
-                                 rank, world, epochs=1)
-        final["validation_loss"] = evaluate_loss(model, held_out)
+        final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
