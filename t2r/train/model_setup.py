@@ -36,10 +36,10 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     if recipe.convert.target == "none":
         model = source
     else:
-        if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
-            teacher, _ = load_source(recipe.model.source, dtype=DTYPES[recipe.model.dtype])
-            teacher.eval().requires_grad_(False)
         model = convert(source, recipe.convert.target, layers=recipe.convert.layers, **recipe.convert.options)
+        if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
+            # convert() copies: the loaded source itself serves as the teacher, no second load
+            teacher = source.to(DTYPES[recipe.model.dtype]).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
