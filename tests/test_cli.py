@@ -53,12 +53,9 @@ def test_finetune_from_a_recipe_with_overrides(tmp_path, capsys):
     """`t2r finetune --config recipe.yaml section.field=value ...` trains, checkpoints and saves the
     model, which `t2r generate` then loads; a bad recipe stops before anything loads."""
     from t2r.data.synthetic import write_jsonl
-    from tests.data.conftest import char_tokenizer
+    from tests.train.conftest import save_char_source
 
-    source = tmp_path / "src"
-    tokenizer = char_tokenizer()
-    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(source)
-    tokenizer.save_pretrained(source)
+    source = save_char_source(tmp_path / "src")
     data = write_jsonl(tmp_path / "train.jsonl", count=40)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"
@@ -91,12 +88,9 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
 
 def test_run_compares_held_out_loss_with_the_source(tmp_path, capsys):
     from t2r.data.synthetic import write_jsonl
-    from tests.data.conftest import char_tokenizer
+    from tests.train.conftest import save_char_source
 
-    source = tmp_path / "src"
-    tokenizer = char_tokenizer()
-    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(source)
-    tokenizer.save_pretrained(source)
+    source = save_char_source(tmp_path / "src")
     data = write_jsonl(tmp_path / "train.jsonl", count=60)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"

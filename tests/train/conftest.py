@@ -19,15 +19,17 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def source_dir(tmp_path_factory):
-    """A tiny random Llama with a character tokenizer, saved like a hub checkpoint."""
-    path = tmp_path_factory.mktemp("source")
+def save_char_source(path):
+    """A tiny random Llama with a character tokenizer, saved at `path` like a hub checkpoint."""
     tokenizer = char_tokenizer()
-    model = tiny_source("llama", vocab_size=len(tokenizer))
-    model.save_pretrained(path)
+    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory):
+    return save_char_source(tmp_path_factory.mktemp("source"))
 
 
 @pytest.fixture(scope="module")
