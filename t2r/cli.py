@@ -1,4 +1,4 @@
-"""`t2r` command line: convert | finetune | run | generate (eval and bench follow the same pattern)."""
+"""`t2r` command line: convert | finetune | run | eval | bench | generate."""
 
 from __future__ import annotations
 
@@ -53,12 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="validate the recipe, print it resolved with the step plan, and stop")
 
     run = commands.add_parser(
-        "run", help="convert, finetune and compare with the source on held-out text, from one recipe",
-        description="t2r finetune, then the held-out loss and perplexity of the source model and of the result "
-                    "side by side (the recipe needs data.held_out > 0). lm-eval tasks are not run yet.")
+        "run", help="convert, finetune, then evaluate against the source, from one recipe",
+        description="t2r finetune, then t2r eval of the result against the source with the recipe's eval section "
+                    "(default: perplexity by position on generated long documents); the report goes to "
+                    "<checkpoint.dir>/eval/.")
     run.add_argument("--config", required=True, help="recipe YAML")
     run.add_argument("overrides", nargs="*", help="section.field=value")
     run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
+
+    add_eval_parsers(commands)
 
     generate = commands.add_parser("generate", help="generate text with a (converted) model")
     add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
@@ -69,6 +72,70 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=0.95)
     generate.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _sizes(text: str) -> list[int]:
+    from t2r.eval.bench import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from err
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_eval_parsers(commands) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a (converted) model against its source: perplexity by position, recall, lm-eval, speed",
+        description="Score --model and --baseline on the same inputs and write report.md, results.json and PNG "
+                    "plots to --out. Suites: ppl (perplexity by position, with sliding-window baselines), mqar and "
+                    "passkey (synthetic recall), bench (speed and memory), and lm-eval suites (commonsense, "
+                    "knowledge, aggregate, recall, local).")
+    add_model_argument(evaluate, "model to evaluate: directory, hub id, file.gguf or 'smollm2'")
+    evaluate.add_argument("--baseline", default=None,
+                          help="model to compare with (default: the source a converted model came from; 'none': no baseline)")
+    evaluate.add_argument("--out", required=True, help="directory for report.md, results.json and plots")
+    evaluate.add_argument("--suite", type=_names, default=None,
+                          help="comma-separated: ppl, mqar, passkey, bench, commonsense, knowledge, aggregate, recall, "
+                               "local (default: ppl,mqar,passkey; with --tasks alone: only those)")
+    evaluate.add_argument("--tasks", type=_names, default=[], help="lm-eval task names or local .jsonl files/directories")
+    evaluate.add_argument("--limit", type=int, default=None, help="cap rows, prompts per cell and documents per task")
+    evaluate.add_argument("--batch-size", type=int, default=1)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--data", default=None, help="held-out text for perplexity (default: generated long documents)")
+    evaluate.add_argument("--text-field", default="text")
+    evaluate.add_argument("--ppl-length", type=_sizes, default=[2048], help="tokens per perplexity row (e.g. 2K)")
+    evaluate.add_argument("--ppl-rows", type=int, default=16)
+    evaluate.add_argument("--pack", action="store_true", help="join documents end to end for perplexity rows")
+    evaluate.add_argument("--windows", type=_sizes, default=[64, 256], help="window baselines (tokens)")
+    evaluate.add_argument("--sinks", type=int, default=4, help="sink tokens kept by each window baseline")
+    evaluate.add_argument("--mqar-pairs", type=_sizes, default=[8, 32, 64])
+    evaluate.add_argument("--passkey-lengths", type=_sizes, default=[512, 1024, 2048, 4096])
+    evaluate.add_argument("--passkey-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    evaluate.add_argument("--max-length", type=int, default=2048, help="lm-eval max_length (same for both models)")
+    evaluate.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="bench contexts")
+    evaluate.add_argument("--batch-sizes", type=_sizes, default=[1], help="bench batch sizes")
+
+    bench = commands.add_parser(
+        "bench", help="prefill and decode speed and memory against context length, model vs baseline",
+        description="Prefill tokens/s, decode ms/token and tokens/s, cache and peak memory for every context and "
+                    "batch size; out-of-memory is reported as OOM and the sweep goes on.")
+    add_model_argument(bench, "model to measure: directory, hub id, file.gguf or 'smollm2'")
+    bench.add_argument("--baseline", default=None, help="default: the source of a converted model; 'none': no baseline")
+    bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
+    bench.add_argument("--batch-sizes", type=_sizes, default=[1], help="e.g. 1,16,64")
+    bench.add_argument("--decode-tokens", type=int, default=16)
+    bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")
 
 
 def default_device(requested: str | None) -> str:
@@ -84,7 +151,7 @@ def run_convert(args) -> int:
         num_slots=args.num_slots, feature_map=args.feature_map, rope=args.rope,
         output_norm=args.output_norm, gate_logit_normalizer=args.gate_logit_normalizer,
     ).items() if v is not None}
-    model = t2r.convert(source, args.target, layers=args.layers, **options)
+    model = t2r.convert(source, args.target, layers=args.layers, source=args.model, **options)
     print(t2r.conversion_report(source, model))
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
@@ -116,6 +183,68 @@ def run_generate(args) -> int:
     return 0
 
 
+def eval_settings(args):
+    from t2r.eval import EvalSettings
+
+    suites = args.suite if args.suite is not None else ([] if args.tasks else ["ppl", "mqar", "passkey"])
+    return EvalSettings(
+        suites=suites, tasks=args.tasks, limit=args.limit, data=args.data, text_field=args.text_field,
+        ppl_length=args.ppl_length[0], ppl_rows=args.ppl_rows, pack=args.pack, windows=args.windows, sinks=args.sinks,
+        mqar_pairs=args.mqar_pairs, passkey_lengths=args.passkey_lengths, passkey_depths=args.passkey_depths,
+        lm_eval_max_length=args.max_length, bench_contexts=args.contexts, bench_batch_sizes=args.batch_sizes,
+        batch_size=args.batch_size, seed=args.seed, device=args.device, dtype=args.dtype)
+
+
+def run_eval(args) -> int:
+    from t2r.eval import evaluate, load_pair, write_report
+    from t2r.eval.models import eval_dtype
+
+    settings = eval_settings(args)
+    settings.harness_specs()  # unknown task or suite: fail before loading anything
+    device = default_device(args.device)
+    settings.dtype = eval_dtype(args.dtype, device)
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(args.model, args.baseline,
+                                                                              settings.dtype, device)
+    results = evaluate(model, tokenizer, settings, args.out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
+                       model_spec=args.model, baseline_spec=baseline_spec, command=" ".join(["t2r", *sys.argv[1:]]))
+    report = write_report(results, args.out)
+    print(report.read_text(), end="")
+    print(f"report written to {report} (every number in {report.parent / 'results.json'})")
+    return 0
+
+
+def run_bench(args) -> int:
+    import json
+    from dataclasses import asdict
+
+    from t2r.eval import bench, load_pair
+    from t2r.eval.models import eval_dtype
+    from t2r.eval.suite import labels
+
+    device = default_device(args.device)
+    dtype = eval_dtype(args.dtype, device)
+    model, _, baseline, _, baseline_spec = load_pair(args.model, args.baseline, dtype, device)
+    rows = []
+    for name, m in zip(labels(model, baseline), (model, baseline)):
+        if m is not None:
+            rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens)
+    table = bench.format_table(rows)
+    print(f"{device}, {dtype}\n{table}")
+    if args.out:
+        from pathlib import Path
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}\n\n{table}\n")
+        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        try:
+            paths = bench.plot(rows, out)
+            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, " + ", ".join(str(p) for p in paths))
+        except ImportError as err:
+            print(f"plots skipped: {err}")
+    return 0
+
+
 def run_finetune(args) -> int:
     from t2r.train import finetune, load_recipe
 
@@ -142,28 +271,34 @@ def run_finetune(args) -> int:
 
 
 def run_run(args) -> int:
-    import math
-
     from accelerate import PartialState
 
-    from t2r.sources import load_source
-    from t2r.train import finetune, heldout_loss, load_recipe
+    from t2r.eval import EvalSettings, evaluate, load_pair, write_report
+    from t2r.eval.models import eval_dtype
+    from t2r.eval.suite import HELD_OUT
+    from t2r.train import finetune, load_recipe
 
-    recipe = load_recipe(args.config, args.overrides)
-    if not recipe.data.held_out:
-        raise ValueError("t2r run compares held-out loss: set data.held_out to a number of documents (e.g. 64)")
+    recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
+    settings = recipe.eval or EvalSettings(suites=["ppl"])
     metrics = finetune(recipe, resume=args.resume)
     if not PartialState().is_main_process:
         return 0
-    device = default_device(None)
-    source, tokenizer = load_source(recipe.model.source, dtype=torch.float32, device=device)
-    rows = [(f"source ({recipe.model.source})", heldout_loss(source, recipe, tokenizer, device)),
-            (f"{recipe.convert.target}, finetuned {metrics['step']} steps", metrics["validation_loss"])]
-    print(f"held-out loss on {recipe.data.held_out} documents of {recipe.data.path}:")
-    print("| model | loss | perplexity |\n|---|---|---|")
-    for name, loss in rows:
-        print(f"| {name} | {loss:.4f} | {math.exp(min(loss, 50)):.2f} |")
-    print(f"model saved to {recipe.checkpoint.dir}/final")
+    final = f"{recipe.checkpoint.dir}/final"
+    device = default_device(settings.device)
+    settings.dtype = eval_dtype(settings.dtype, device)
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(final, recipe.model.source,
+                                                                              settings.dtype, device)
+    data = None
+    if settings.data == HELD_OUT:
+        data = recipe.data.data_config()
+    out = f"{recipe.checkpoint.dir}/eval"
+    print(f"finetuned {metrics['step']} steps; evaluating {final} against {baseline_spec} into {out}")
+    results = evaluate(model, tokenizer, settings, out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
+                       model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
+                       command=" ".join(["t2r", *sys.argv[1:]]))
+    report = write_report(results, out)
+    print(report.read_text(), end="")
+    print(f"model saved to {final}; report written to {report}")
     return 0
 
 
@@ -174,7 +309,8 @@ def _divides(recipe, processes: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate}
+    handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
+                "eval": run_eval, "bench": run_bench}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id

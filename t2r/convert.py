@@ -75,7 +75,7 @@ def source_layer_types(config) -> list[str]:
     return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
 
 
-def t2r_config(config, target: str, layers=None, **options):
+def t2r_config(config, target: str, layers=None, source: str | None = None, **options):
     """The converted config for a source config: same fields, plus which layers run which mixer."""
     if target not in MIXERS:
         raise ValueError(f"unknown target {target!r}: choose one of {', '.join(MIXERS)}")
@@ -87,6 +87,7 @@ def t2r_config(config, target: str, layers=None, **options):
         layer_types=source_layer_types(config),
         t2r_mixers=[target if i in converted else "softmax" for i in range(config.num_hidden_layers)],
         t2r_options={target: resolved.to_dict()},
+        t2r_source=source or getattr(config, "name_or_path", None) or None,
     )
     config_class = ARCHITECTURES[config.model_type][0]
     return config_class(**fields)
@@ -148,17 +149,20 @@ def quiet_loading():
         hf_logging.enable_progress_bar()
 
 
-def convert(model: PreTrainedModel, target: str, *, layers=None, **options) -> PreTrainedModel:
+def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | None = None,
+            **options) -> PreTrainedModel:
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
         model: a loaded Llama, Mistral or Qwen2 causal LM (hub, local or GGUF; any dtype and device).
         target: "gsa" | "gla" | "retnet" | "fox".
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
+        source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
+            (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
         **options: fields of `t2r.layers.MixerOptions` (num_slots, feature_map, rope, ...).
     The source model is left untouched; the result shares no storage with it.
     """
-    config = t2r_config(model.config, target, layers, **options)
+    config = t2r_config(model.config, target, layers, source=source, **options)
     causal_lm_class = ARCHITECTURES[model.config.model_type][2]
     param = next(model.parameters())
     state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}

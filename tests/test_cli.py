@@ -1,5 +1,6 @@
 """The `t2r` command line on a tiny local model: convert, report, save, generate; clear errors."""
 
+import json
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -86,7 +87,7 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
 
 
-def test_run_compares_held_out_loss_with_the_source(tmp_path, capsys):
+def test_run_finetunes_then_reports_against_the_source(tmp_path, capsys):
     from t2r.data.synthetic import write_jsonl
     from tests.train.conftest import save_char_source
 
@@ -98,12 +99,16 @@ def test_run_compares_held_out_loss_with_the_source(tmp_path, capsys):
                       f"data: {{path: '{data}', seq_len: 64, held_out: 8}}\n"
                       "train: {tokens_per_step: 128, micro_batch_size: 2, max_steps: 12, lr: 3.0e-3,"
                       " mixed_precision: 'no'}\n"
-                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\nlogging: {{plot: false}}\n")
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\nlogging: {{plot: false}}\n"
+                      "eval: {suites: [ppl], data: held-out, pack: true, ppl_length: 128, ppl_rows: 4, windows: [16]}\n")
     assert main(["run", "--config", str(recipe)]) == 0
     out = capsys.readouterr().out
-    rows = [line.split("|") for line in out.splitlines() if line.startswith("| source") or line.startswith("| gsa")]
-    (source_loss, tuned_loss) = [float(row[2]) for row in rows]
-    assert tuned_loss < source_loss  # a random tiny source; 12 steps on the generated text beat it
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ")}
+    tuned, original = float(rows["gsa"][-2]), float(rows["source"][-2])  # the "all" column
+    assert tuned < original  # a random tiny source; 12 steps on the generated text beat it
+    assert "window 16+4" in rows
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    assert results["perplexity"]["rows"] == 4 and results["models"]["baseline"]["spec"] == str(source)
 
     recipe.write_text(recipe.read_text().replace("held_out: 8", "held_out: 0"))
     assert main(["run", "--config", str(recipe)]) == 2

@@ -58,6 +58,28 @@ def document(rng: random.Random) -> str:
     return " ".join(lines) + f"\nQuestion: {question}\nAnswer: {answer}"
 
 
+def long_document(rng: random.Random, words: int = 1500) -> str:
+    """A long document for perplexity by position: facts about many people told across about `words` words
+    of filler, then questions about facts from the start, so late tokens depend on early ones."""
+    people = rng.sample(NAMES, len(NAMES))
+    facts, lines, count = [], [], 0
+    while count < words:
+        person = people[len(facts) % len(people)]
+        city, job, code = rng.choice(CITIES), rng.choice(JOBS), rng.randint(100, 999)
+        facts.append((person, city, job, code))
+        for line in (f"{person} lives in {city}, works as {_a(job)}, and the number on {person}'s door is {code}.",
+                     *rng.sample(FILLER, rng.randint(1, 3))):
+            lines.append(line)
+            count += len(line.split())
+    latest = {person: (city, job, code) for person, city, job, code in facts}
+    questions = []
+    for person in rng.sample(list(latest), min(6, len(latest))):
+        city, job, code = latest[person]
+        questions.append(f"Question: Where does {person} live, and what is the number on the door?\n"
+                         f"Answer: {person} lives in {city}; the number is {code}.")
+    return " ".join(lines) + "\n" + "\n".join(questions)
+
+
 def documents(count: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [document(rng) for _ in range(count)]
@@ -65,10 +87,20 @@ def documents(count: int, seed: int = 0) -> list[str]:
 
 def write_jsonl(path: str | Path, count: int = 2000, seed: int = 0) -> Path:
     """Write `count` documents as {"text", "source"} lines (the layout every t2r loader reads)."""
+    return _write(path, documents(count, seed))
+
+
+def write_long_jsonl(path: str | Path, count: int = 16, seed: int = 0, words: int = 1500) -> Path:
+    """Write `count` long documents (`long_document`) as {"text", "source"} lines."""
+    rng = random.Random(seed)
+    return _write(path, [long_document(rng, words) for _ in range(count)])
+
+
+def _write(path: str | Path, texts: list[str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
-        for text in documents(count, seed):
+        for text in texts:
             fh.write(json.dumps({"text": text, "source": "t2r-synthetic"}) + "\n")
     return path
 

@@ -30,6 +30,9 @@ class T2RConfigMixin:
     """Per layer: gsa | gla | retnet | fox | softmax."""
     t2r_options: dict | None = None
     """Per target (key), the resolved `MixerOptions` as a dict."""
+    t2r_source: str | None = None
+    """Where the source model came from (hub id, directory, file.gguf or `smollm2`): the default baseline of
+    `t2r eval`."""
 
     def _fill_t2r_fields(self) -> None:
         n = self.num_hidden_layers

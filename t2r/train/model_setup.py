@@ -36,7 +36,8 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     if recipe.convert.target == "none":
         model = source
     else:
-        model = convert(source, recipe.convert.target, layers=recipe.convert.layers, **recipe.convert.options)
+        model = convert(source, recipe.convert.target, layers=recipe.convert.layers, source=recipe.model.source,
+                        **recipe.convert.options)
         if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
             # convert() copies: the loaded source itself serves as the teacher, no second load
             teacher = source.to(DTYPES[recipe.model.dtype]).eval().requires_grad_(False)

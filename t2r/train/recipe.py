@@ -23,6 +23,7 @@ from typing import ClassVar, Sequence
 import yaml
 
 from t2r.data.config import DataConfig
+from t2r.eval.suite import HELD_OUT, EvalSettings
 from t2r.layers.options import MIXERS, MixerOptions
 
 TARGETS = (*MIXERS, "none")
@@ -159,6 +160,9 @@ class Recipe:
     stages: StagesSection = field(default_factory=StagesSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    eval: EvalSettings | None = None
+    """What `t2r run` measures after finetuning (fields of `t2r.eval.EvalSettings`); none: perplexity by
+    position only."""
     RULES: ClassVar[dict] = {"name": {"nonempty": True}}
 
     @property
@@ -279,7 +283,10 @@ def _build(cls, data: dict, path: str = ""):
             continue
         values[name] = _coerce(data[name], hints[name], join(name))
         _check_rules(values[name], getattr(cls, "RULES", {}).get(name, {}), join(name))
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as err:  # a section's own checks (EvalSettings.check)
+        raise err if isinstance(err, RecipeError) else RecipeError(f"{path or 'recipe'}: {err}") from None
 
 
 def _plain(value):
@@ -332,6 +339,14 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
             MixerOptions.resolve(convert.target, **convert.options)
         except (ValueError, TypeError) as err:
             raise RecipeError(f"convert.options: {err}") from None
+    if recipe.eval is not None:
+        if recipe.eval.data == HELD_OUT and not recipe.data.held_out:
+            raise RecipeError(f"eval.data: {HELD_OUT!r} scores the recipe's held-out documents; set data.held_out "
+                              "to a number of documents (e.g. 16)")
+        try:
+            recipe.eval.harness_specs()  # lm-eval task names, checked against the installed index
+        except (ValueError, ImportError) as err:
+            raise RecipeError(f"eval: {err}") from None
     if check_files:
         source = recipe.model.source  # hub ids and "smollm2" are not files
         source_local = source.startswith((".", "/", "~")) or source.lower().endswith(".gguf")

@@ -1,0 +1,264 @@
+"""Speed and memory of causal LMs (a converted model and its source) over a sweep of contexts and batch sizes.
+
+Each (context, batch) cell times a prefill of random tokens and `decode_tokens` greedy decode steps through the
+model's own cache (`T2RCache` for converted models, transformers' `DynamicCache` for sources), then measures the
+cache's bytes and the peak memory of the measured region. Works on CPU and CUDA (the model's device).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+MiB = 2**20
+
+
+@dataclass
+class BenchRow:
+    """One (model, context, batch) cell of a sweep; the measurements are None unless `status` is "ok"."""
+
+    model: str
+    context: int
+    batch: int
+    prefill_tokens_per_s: float | None = None
+    decode_ms_per_token: float | None = None
+    """Median milliseconds of one decode step (one new token for each sequence of the batch)."""
+    decode_tokens_per_s: float | None = None
+    """batch * 1000 / decode_ms_per_token."""
+    cache_bytes: int | None = None
+    """Bytes of the generation cache after prefill and decode (see `cache_bytes`)."""
+    peak_memory_bytes: int | None = None
+    """CUDA: absolute peak allocated (weights included); CPU: peak RSS growth over the region (None without /proc)."""
+    weights_bytes: int | None = None
+    status: str = "ok"
+    """"ok" | "OOM" | "beyond max_position_embeddings" | "error: <message>"."""
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (dict, list, tuple)):
+        for value in obj.values() if isinstance(obj, dict) else obj:
+            yield from _tensors(value)
+
+
+def _unique_bytes(tensors) -> int:
+    """Sum of numel * element_size, one tensor per storage (the largest view of it)."""
+    per_storage: dict[tuple, int] = {}
+    for t in tensors:
+        key = (t.device, t.untyped_storage().data_ptr()) if t.numel() else ("empty", id(t))
+        per_storage[key] = max(per_storage.get(key, 0), t.numel() * t.element_size())
+    return sum(per_storage.values())
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by a generation cache: every tensor in each of `cache.layers`' attributes (also inside
+    dicts, lists and tuples), each storage counted once. Covers `T2RCache` (recurrent states, K/V, FoX gates)
+    and transformers' `DynamicCache`."""
+    return _unique_bytes(t for layer in cache.layers for value in vars(layer).values() for t in _tensors(value))
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (tied weights counted once)."""
+    return _unique_bytes([*model.parameters(), *model.buffers()])
+
+
+class _PeakRSS:
+    """Peak growth of this process's resident memory while inside the `with`, sampled every `interval` s."""
+
+    STATM = "/proc/self/statm"
+
+    def __init__(self, enabled: bool = True, interval: float = 0.005):
+        self.interval, self.peak = interval, None
+        self.available = enabled and os.path.exists(self.STATM)
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        with open(self.STATM) as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._max = max(self._max, self._rss())
+
+    def __enter__(self):
+        if self.available:
+            self._base = self._max = self._rss()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.available:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self._max, self._rss()) - self._base
+
+
+def _timed(fn, device):
+    """(fn(), seconds), device-synchronised."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda device: None)
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return result, time.perf_counter() - start
+
+
+def _is_oom(error: BaseException) -> bool:
+    message = str(error).lower()
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("out of memory" in message or "allocat" in message))
+
+
+def has_position_limit(config) -> bool:
+    """True for models with softmax (or FoX) layers; all-recurrent converted models have no length limit."""
+    mixers = getattr(config, "t2r_mixers", None)
+    return not mixers or any(m in ("softmax", "fox") for m in mixers)
+
+
+@torch.inference_mode()
+def _measure(model, input_ids, decode_tokens: int, warmup: int, repeats: int, row: BenchRow) -> None:
+    device = input_ids.device
+    batch, context = input_ids.shape
+    prefill_s, step_s = [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with _PeakRSS(enabled=device.type == "cpu") as rss:
+        for i in range(warmup + max(repeats, 1)):
+            cache = token = None  # the last repeat's cache is not alive during this prefill
+            out, seconds = _timed(lambda: model(input_ids, use_cache=True, logits_to_keep=1), device)
+            prefill_s += [seconds] if i >= warmup else []
+            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            del out
+            for _ in range(decode_tokens):
+                out, seconds = _timed(lambda: model(token, past_key_values=cache, use_cache=True), device)
+                step_s += [seconds] if i >= warmup else []
+                cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+                del out
+    row.prefill_tokens_per_s = batch * context / statistics.median(prefill_s)
+    if step_s:
+        row.decode_ms_per_token = 1e3 * statistics.median(step_s)
+        row.decode_tokens_per_s = batch * 1e3 / row.decode_ms_per_token
+    row.cache_bytes = cache_bytes(cache)
+    row.peak_memory_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else rss.peak
+
+
+def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 16, warmup: int = 1,
+                repeats: int = 3, vocab_size: int | None = None, seed: int = 0,
+                allow_beyond: bool = False) -> list[BenchRow]:
+    """Sweep every (context, batch): prefill tokens/s (median of `repeats` after `warmup`), greedy decode
+    ms/step (median over the steps of those repeats), cache bytes and peak memory. Inputs are random ids in
+    [10, vocab) from `seed`, the same for every model; the prefill keeps only the last position's logits
+    (`logits_to_keep=1`, as `generate` does). An OOM gives a row with status "OOM" and the sweep goes
+    on; contexts past `max_position_embeddings` of a model with softmax layers are skipped unless `allow_beyond`.
+    """
+    device = next(model.parameters()).device
+    vocab = vocab_size or model.config.vocab_size
+    limit = getattr(model.config, "max_position_embeddings", None) if has_position_limit(model.config) else None
+    weights = weights_bytes(model)
+    rows = []
+    cells = [(c, b) for c in contexts for b in batch_sizes]
+    for context, batch in tqdm(cells, desc=f"bench {label}", disable=None):
+        row = BenchRow(label, int(context), int(batch), weights_bytes=weights)
+        rows.append(row)
+        if limit is not None and context > limit and not allow_beyond:
+            row.status = "beyond max_position_embeddings"
+            continue
+        generator = torch.Generator().manual_seed(seed)
+        input_ids = torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
+        try:
+            _measure(model, input_ids, decode_tokens, warmup, repeats, row)
+        except Exception as error:  # one failing cell must not end the sweep
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            status = "OOM" if _is_oom(error) else f"error: {type(error).__name__}: {first_line[:100]}"
+            rows[-1] = row = BenchRow(label, int(context), int(batch), weights_bytes=weights, status=status)
+        del input_ids
+        if row.status != "ok":  # the failed frames may hold tensors in cycles
+            gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _cell(row: BenchRow | None) -> list[str]:
+    if row is None:
+        return [""] * 5
+    if row.status != "ok":
+        return [row.status] + ["-"] * 4
+
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+    mib = [None if b is None else b / MiB for b in (row.cache_bytes, row.peak_memory_bytes)]
+    return [fmt(row.prefill_tokens_per_s, ",.0f"), fmt(row.decode_ms_per_token, ".2f"),
+            fmt(row.decode_tokens_per_s, ",.0f"), fmt(mib[0], ",.2f"), fmt(mib[1], ",.1f")]
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """Markdown table, one line per (context, batch), each model's five columns side by side."""
+    labels, cells = list(dict.fromkeys(r.model for r in rows)), {(r.model, r.context, r.batch): r for r in rows}
+    metrics = ("prefill tok/s", "decode ms/token", "decode tok/s", "cache MiB", "peak MiB")
+    header = ["context", "batch"] + [f"{label} {m}" for label in labels for m in metrics]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for context, batch in sorted({(r.context, r.batch) for r in rows}):
+        values = [str(context), str(batch)] + [v for label in labels for v in _cell(cells.get((label, context, batch)))]
+        lines.append("| " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[BenchRow], out_dir) -> list[Path]:
+    """Write memory_vs_context.png (cache and peak MiB) and decode_vs_context.png (decode tokens/s) to
+    `out_dir`, one line per model (color) and batch size (line style), log-log axes; returns the two paths."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("plotting needs matplotlib: pip install matplotlib (or pip install -e .[eval])") from error
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ok = [r for r in rows if r.status == "ok"]
+    models, batches = list(dict.fromkeys(r.model for r in ok)), sorted({r.batch for r in ok})
+
+    def draw(ax, attr, scale, ylabel):
+        for (m, model), (b, batch) in itertools.product(enumerate(models), enumerate(batches)):
+            points = sorted((r.context, getattr(r, attr) / scale) for r in ok
+                            if r.model == model and r.batch == batch and getattr(r, attr) is not None)
+            if points:
+                ax.plot(*zip(*points), marker="o", color=f"C{m % 10}", linestyle=("-", "--", ":", "-.")[b % 4],
+                        label=f"{model} (batch {batch})" if len(batches) > 1 else model)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(xlabel="context (tokens)", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+
+    paths = []
+    for name, panels in (("memory_vs_context.png", [("cache_bytes", MiB, "cache MiB"),
+                                                     ("peak_memory_bytes", MiB, "peak MiB")]),
+                         ("decode_vs_context.png", [("decode_tokens_per_s", 1, "decode tokens/s")])):
+        fig = Figure(figsize=(6 * len(panels), 4), layout="constrained")
+        for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+            draw(ax, *panel)
+        fig.savefig(out_dir / name, dpi=120)
+        paths.append(out_dir / name)
+    return paths
+
+
+def parse_sizes(text: str) -> list[int]:
+    """"1K,2K,512" -> [1024, 2048, 512] (K or k = 1024); a ValueError names the bad item."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip()
+        digits, factor = (item[:-1], 1024) if item[-1:] in ("K", "k") else (item, 1)
+        if not digits.isdigit() or int(digits) <= 0:
+            raise ValueError(f"bad size {item!r} in {text!r}: expected a positive integer, optionally with K (=1024)")
+        sizes.append(int(digits) * factor)
+    return sizes

@@ -1,0 +1,225 @@
+"""The evaluation report: `report.md` (tables a user can read), `results.json` (every number) and PNG plots.
+
+Everything here formats numbers computed elsewhere (`perplexity`, `recall`, `harness`, `bench`); the one
+number made here is the recovered share, `recovered()`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .bench import BenchRow, format_table
+from .bench import plot as plot_bench
+
+
+def recovered(model: float, baseline: float, higher_is_better: bool = True) -> float | None:
+    """How much of the baseline's score the model keeps, in %: model / baseline for scores where higher is
+    better (accuracy), baseline / model where lower is better (perplexity, loss). None when undefined."""
+    if model is None or baseline is None or any(map(math.isnan, (model, baseline))):
+        return None
+    numerator, denominator = (model, baseline) if higher_is_better else (baseline, model)
+    return 100.0 * numerator / denominator if denominator > 0 else None
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def _num(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _span(lo: int, hi: int) -> str:
+    def k(n):
+        return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+    return f"{k(lo)}-{k(hi)}"
+
+
+def perplexity_table(section: dict) -> str:
+    rows = section["results"]
+    spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
+    lines = ["| model | " + " | ".join(_span(*s) for s in spans) + " | all |",
+             "|---|" + "---|" * (len(spans) + 1)]
+    for row in rows:
+        by_span = {(b["start"], b["end"]): b["ppl"] for b in row["buckets"]}
+        lines.append(f"| {row['name']} | " + " | ".join(_num(by_span.get(s), 2) for s in spans)
+                     + f" | {_num(row['ppl'], 2)} |")
+    return "\n".join(lines)
+
+
+def mqar_table(section: dict) -> str:
+    names = list(section["accuracy"])
+    lines = ["| pairs (tokens) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, (pairs, tokens) in enumerate(zip(section["pairs"], section["tokens"])):
+        lines.append(f"| {pairs} ({tokens}) | " + " | ".join(_num(section["accuracy"][n][i], 2) for n in names) + " |")
+    return "\n".join(lines)
+
+
+def passkey_table(section: dict) -> str:
+    """Accuracy per length, averaged over depths (the per-depth grid is in results.json and the heat map)."""
+    names = list(section["accuracy"])
+    lines = ["| length | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, length in enumerate(section["lengths"]):
+        cells = [sum(section["accuracy"][n][i]) / len(section["depths"]) for n in names]
+        lines.append(f"| {length} | " + " | ".join(_num(c, 2) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def tasks_table(tasks: dict, model: str, baseline: str | None) -> str:
+    head = ["task", "metric", *( [baseline] if baseline else []), model, *(["recovered"] if baseline else [])]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
+    for task, result in tasks[model]["tasks"].items():
+        cells = [task, result["metric"] or "-"]
+        if baseline:
+            base = tasks[baseline]["tasks"].get(task, {}).get("value")
+            cells += [_num(base), _num(result["value"]), _pct(recovered(result["value"], base))]
+        else:
+            cells.append(_num(result["value"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_lines(results: dict) -> list[str]:
+    """One line per measurement: the converted model against its baseline."""
+    model, baseline = results["names"]["model"], results["names"].get("baseline")
+    if not baseline:
+        return []
+    lines = []
+    if "perplexity" in results:
+        by_name = {r["name"]: r for r in results["perplexity"]["results"]}
+        m, b = by_name[model], by_name[baseline]
+        late_m, late_b = m["buckets"][-1], b["buckets"][-1]
+        lines.append(f"- perplexity: {m['ppl']:.2f} vs {b['ppl']:.2f} ({_pct(recovered(m['ppl'], b['ppl'], False))} "
+                     f"recovered); at positions {_span(late_m['start'], late_m['end'])}: {late_m['ppl']:.2f} vs "
+                     f"{late_b['ppl']:.2f}")
+        windows = [r for r in results["perplexity"]["results"] if r.get("role") == "window"]
+        beaten = [w["name"] for w in windows if late_m["ppl"] < w["buckets"][-1]["ppl"]]
+        if windows:
+            lines.append(f"- late positions: the model beats {len(beaten)} of {len(windows)} window baselines"
+                         + (f" ({', '.join(beaten)})" if beaten else
+                            " (a sliding window of that memory would do as well: the state adds nothing yet)"))
+    for key in ("mqar", "passkey"):
+        if key in results:
+            acc = results[key]["accuracy"]
+            mean = {n: _mean(v) for n, v in acc.items()}
+            lines.append(f"- {key}: mean accuracy {mean[model]:.2f} vs {mean[baseline]:.2f}")
+    if "tasks" in results and results["tasks"].get(model, {}).get("tasks"):
+        shares = [recovered(r["value"], results["tasks"][baseline]["tasks"][t]["value"])
+                  for t, r in results["tasks"][model]["tasks"].items()]
+        shares = [s for s in shares if s is not None]
+        if shares:
+            lines.append(f"- lm-eval tasks: {sum(shares) / len(shares):.1f}% of the baseline on average "
+                         f"over {len(shares)} tasks")
+    return lines
+
+
+def _mean(values) -> float:
+    flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
+    return sum(flat) / max(len(flat), 1)
+
+
+def markdown(results: dict) -> str:
+    names = results["names"]
+    parts = [f"# t2r eval: {names['model']}" + (f" vs {names['baseline']}" if names.get("baseline") else ""), ""]
+    for role, info in results["models"].items():
+        parts.append(f"- {role}: `{info['spec']}` ({info['model_type']}, {info['parameters']:,} parameters; "
+                     f"generation cache {info['state_bytes'] / 2**20:.2f} MiB fixed + "
+                     f"{info['cache_bytes_per_token'] / 1024:.1f} KiB per token)")
+    env = results["environment"]
+    parts.append(f"- device {env['device']}, dtype {results['settings']['dtype']}, seed {results['settings']['seed']}; "
+                 f"torch {env['torch']}, transformers {env['transformers']}, t2r {env['t2r']}"
+                 + (f", lm-eval {env['lm_eval']}" if env.get("lm_eval") else ""))
+    parts += [f"- command: `{results['command']}`", ""]
+    summary = summary_lines(results)
+    if summary:
+        parts += ["## Summary", *summary, ""]
+    if "perplexity" in results:
+        p = results["perplexity"]
+        parts += [f"## Perplexity by position", "",
+                  f"{p['rows']} rows of {p['length']} tokens of `{p['data']}`"
+                  + (" (documents packed end to end)" if p["pack"] else " (each a document's first tokens)")
+                  + "; token perplexity per position bucket. Window rows: the baseline restricted to its last W "
+                  "tokens plus S sink tokens (training-free); `mem` is the window whose KV cache takes the "
+                  "model's state bytes.", "", perplexity_table(p), ""]
+    if "mqar" in results:
+        parts += ["## Multi-query associative recall", "",
+                  f"Accuracy (exact match of the value, {results['mqar']['count']} prompts per row).", "",
+                  mqar_table(results["mqar"]), ""]
+    if "passkey" in results:
+        parts += ["## Passkey retrieval", "",
+                  f"Accuracy over needle depths {results['passkey']['depths']} "
+                  f"({results['passkey']['count']} prompts per cell).", "", passkey_table(results["passkey"]), ""]
+    if results.get("tasks"):
+        parts += ["## lm-eval tasks", "", tasks_table(results["tasks"], names["model"], names.get("baseline")), ""]
+    if results.get("bench"):
+        parts += ["## Speed and memory", "", format_table([BenchRow(**r) for r in results["bench"]]), ""]
+    if results.get("plots"):
+        parts += ["## Plots", "", *[f"![{Path(p).stem}]({Path(p).name})" for p in results["plots"]], ""]
+    timings = results.get("seconds", {})
+    if timings:
+        parts.append("Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+    return "\n".join(parts) + "\n"
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    """PNG plots of every section present; empty (with a printed note) when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib, or pip install -e .[eval])")
+        return []
+    paths = []
+    if "perplexity" in results:
+        fig = Figure(figsize=(7, 4), layout="constrained")
+        ax = fig.subplots()
+        for i, row in enumerate(results["perplexity"]["results"]):
+            mids = [math.sqrt(max(b["start"], 1) * b["end"]) for b in row["buckets"]]
+            ax.plot(mids, [b["ppl"] for b in row["buckets"]], marker="o", label=row["name"],
+                    linestyle="--" if row.get("role") == "window" else "-", color=f"C{i % 10}")
+        ax.set(xscale="log", yscale="log", xlabel="position (tokens)", ylabel="perplexity",
+               title="Perplexity by position")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+        paths.append(out_dir / "perplexity_by_position.png")
+        fig.savefig(paths[-1], dpi=120)
+    if "mqar" in results:
+        fig = Figure(figsize=(6, 4), layout="constrained")
+        ax = fig.subplots()
+        for name, acc in results["mqar"]["accuracy"].items():
+            ax.plot(results["mqar"]["pairs"], acc, marker="o", label=name)
+        ax.set(xscale="log", xlabel="key-value pairs", ylabel="accuracy", ylim=(-0.02, 1.02), title="MQAR")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        paths.append(out_dir / "mqar.png")
+        fig.savefig(paths[-1], dpi=120)
+    if "passkey" in results:
+        section = results["passkey"]
+        names = list(section["accuracy"])
+        fig = Figure(figsize=(3.2 * len(names), 3.2), layout="constrained")
+        for ax, name in zip(fig.subplots(1, len(names), squeeze=False)[0], names):
+            image = ax.imshow(section["accuracy"][name], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set(title=name, xlabel="needle depth", ylabel="length",
+                   xticks=range(len(section["depths"])), yticks=range(len(section["lengths"])))
+            ax.set_xticklabels([f"{d:g}" for d in section["depths"]])
+            ax.set_yticklabels(section["lengths"])
+        fig.colorbar(image, ax=fig.axes, shrink=0.8, label="accuracy")
+        paths.append(out_dir / "passkey.png")
+        fig.savefig(paths[-1], dpi=120)
+    if results.get("bench"):
+        paths += plot_bench([BenchRow(**r) for r in results["bench"]], out_dir)
+    return paths
+
+
+def write(results: dict, out_dir: str | Path) -> Path:
+    """Write plots, results.json and report.md into `out_dir`; returns the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results["plots"] = [p.name for p in plots(results, out_dir)]
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    report = out_dir / "report.md"
+    report.write_text(markdown(results))
+    return report

@@ -1,0 +1,69 @@
+"""`t2r eval` and `t2r bench` end to end on a tiny converted model with a character tokenizer."""
+
+import json
+
+import pytest
+
+from t2r.cli import main
+from tests.train.conftest import save_char_source
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_eval")
+    source = save_char_source(root / "source")
+    assert main(["convert", "--model", str(source), "--to", "gsa", "--num-slots", "8", "--out", str(root / "gsa"),
+                 "--device", "cpu"]) == 0
+    return source, root / "gsa"
+
+
+def test_eval_compares_with_the_recorded_source(converted, tmp_path, capsys):
+    source, model = converted
+    out = tmp_path / "report"
+    assert main(["eval", "--model", str(model), "--out", str(out), "--device", "cpu", "--suite", "ppl,passkey,bench",
+                 "--ppl-length", "128", "--ppl-rows", "2", "--windows", "16", "--passkey-lengths", "200",
+                 "--passkey-depths", "0,1", "--contexts", "32,64", "--limit", "1"]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["models"]["baseline"]["spec"] == str(source)  # the default baseline: config.t2r_source
+    names = [row["name"] for row in results["perplexity"]["results"]]
+    assert names[:2] == ["gsa", "source"] and "window 16+4" in names
+    assert results["perplexity"]["rows"] == 1 and results["perplexity"]["length"] == 128
+    assert set(results["passkey"]["accuracy"]) == set(names)
+    bench = {(r["model"], r["context"]): r for r in results["bench"]}
+    assert bench["gsa", 32]["cache_bytes"] == bench["gsa", 64]["cache_bytes"]  # a fixed state
+    assert bench["source", 64]["cache_bytes"] > bench["source", 32]["cache_bytes"]  # a growing KV cache
+    for plot in ("perplexity_by_position.png", "passkey.png", "memory_vs_context.png", "decode_vs_context.png"):
+        assert (out / plot).stat().st_size > 1000
+    assert "## Perplexity by position" in printed and (out / "report.md").read_text() in printed
+
+
+def test_eval_refuses_bad_input_before_loading(converted, tmp_path, capsys):
+    _, model = converted
+    assert main(["eval", "--model", str(model), "--out", str(tmp_path), "--tasks", "hellaswg"]) == 2
+    assert "did you mean 'hellaswag'" in capsys.readouterr().err
+    assert main(["eval", "--model", str(model), "--out", str(tmp_path), "--data", "missing/heldout.jsonl"]) == 2
+    assert "missing/heldout.jsonl" in capsys.readouterr().err
+    assert main(["eval", "--model", str(model), "--out", str(tmp_path), "--device", "cpu", "--suite", "ppl",
+                 "--ppl-length", "4096"]) == 2  # the tiny models hold 256 positions
+    assert "max_position_embeddings" in capsys.readouterr().err
+
+
+def test_eval_refuses_a_baseline_with_another_tokenizer(converted, tmp_path, capsys):
+    from tests.test_cli import save_tiny_source
+
+    _, model = converted
+    save_tiny_source(tmp_path / "other")  # a word-level tokenizer
+    assert main(["eval", "--model", str(model), "--baseline", str(tmp_path / "other"), "--out", str(tmp_path / "r"),
+                 "--device", "cpu", "--suite", "ppl", "--ppl-length", "64"]) == 2
+    assert "another tokenizer" in capsys.readouterr().err
+
+
+def test_bench_prints_both_models(converted, tmp_path, capsys):
+    _, model = converted
+    assert main(["bench", "--model", str(model), "--contexts", "16,32", "--decode-tokens", "2", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "gsa prefill tok/s" in printed and "source prefill tok/s" in printed
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert {(r["model"], r["context"]) for r in rows} == {(m, c) for m in ("gsa", "source") for c in (16, 32)}

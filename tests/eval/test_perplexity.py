@@ -1,0 +1,211 @@
+"""Perplexity by position (`t2r.eval.perplexity`): pooling, token NLL, held-out rows, and contenders scored alike."""
+
+import json
+import math
+
+import datasets
+import pytest
+import torch
+import torch.nn.functional as F
+
+from t2r.data import DataConfig
+from t2r.data.sources import load_documents
+from t2r.eval.contenders import Contender
+from t2r.eval.perplexity import bucket_edges, pool_by_position, position_perplexity, token_nll, token_rows
+from tests.data.conftest import char_tokenizer
+from tests.models.conftest import ARCHS, tiny_source
+
+VOCAB = 97
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path_factory, monkeypatch):
+    """Keep `datasets`' Arrow cache out of the user's home directory."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+
+
+def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# --- pool_by_position -------------------------------------------------------------------------------------------
+
+def test_bucket_edges():
+    assert bucket_edges(300) == [0, 64, 256, 300]
+    assert bucket_edges(64) == [0, 64]
+    assert bucket_edges(1024) == [0, 64, 256, 1024]
+    assert bucket_edges(5000) == [0, 64, 256, 1024, 2048, 4096, 5000]
+
+
+@pytest.mark.parametrize("edges", [[0, 64, 256, 300], None])  # None: the default edges for T=300 are the same
+def test_pool_by_position_matches_direct_means(edges):
+    torch.manual_seed(0)
+    N, T = 5, 300
+    nll = torch.rand(N, T - 1) * 4 + torch.linspace(0, 2, T - 1)  # drifts with position, so buckets differ
+    pooled = pool_by_position("m", nll, edges)
+    # column c holds the NLL of token c + 1 (position c + 1): positions 1..63 are columns 0..62, and so on
+    by_hand = [(0, 64, nll[:, 0:63]), (64, 256, nll[:, 63:255]), (256, 300, nll[:, 255:299])]
+    assert [(b["start"], b["end"]) for b in pooled.buckets] == [(lo, hi) for lo, hi, _ in by_hand]
+    for bucket, (_, _, chosen) in zip(pooled.buckets, by_hand):
+        assert bucket["tokens"] == chosen.numel()
+        assert bucket["nll"] == pytest.approx(chosen.double().mean().item(), rel=1e-12)
+        assert bucket["ppl"] == pytest.approx(math.exp(chosen.double().mean().item()), rel=1e-12)
+    assert [b["tokens"] for b in pooled.buckets] == [N * 63, N * 192, N * 44]
+    assert sum(b["tokens"] for b in pooled.buckets) == N * (T - 1) == pooled.tokens
+    assert pooled.nll == pytest.approx(nll.double().mean().item(), rel=1e-12)
+    assert pooled.ppl == pytest.approx(math.exp(pooled.nll), rel=1e-12)
+    # the overall mean is the token-weighted mean of the buckets
+    weighted = sum(b["nll"] * b["tokens"] for b in pooled.buckets) / pooled.tokens
+    assert pooled.nll == pytest.approx(weighted, rel=1e-9)
+    assert pooled.to_dict()["buckets"] == pooled.buckets and pooled.to_dict()["name"] == "m"
+
+
+def test_pool_by_position_skips_empty_buckets_and_caps_ppl():
+    nll = torch.full((2, 9), 80.0)  # T = 10; ppl is capped at exp(50) instead of overflowing
+    pooled = pool_by_position("m", nll, [0, 4, 4, 10])
+    assert [(b["start"], b["end"], b["tokens"]) for b in pooled.buckets] == [(0, 4, 6), (4, 10, 12)]
+    assert pooled.ppl == math.exp(50) and pooled.nll == pytest.approx(80.0)
+
+
+# --- token_nll --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_nll_matches_cross_entropy_on_logits(arch):
+    model = tiny_source(arch)
+    ids = random_ids(3, 24, seed=3)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    log_probs = logits[:, :-1].log_softmax(-1)
+    direct = -log_probs.gather(-1, ids[:, 1:, None])[..., 0]
+    reference = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    torch.testing.assert_close(reference, direct, atol=1e-5, rtol=1e-5)
+
+    contender = Contender("m", model)
+    one = token_nll(contender, ids, batch_size=1, progress=False)
+    three = token_nll(contender, ids, batch_size=3, progress=False)
+    two = token_nll(contender, ids, batch_size=2, progress=False)  # a last batch of one row
+    assert one.shape == (3, 23) and one.dtype == torch.float32 and one.device.type == "cpu"
+    torch.testing.assert_close(one, reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(three, one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(two, one, atol=1e-5, rtol=1e-5)
+
+
+def test_token_nll_of_a_window_matches_its_logits():
+    model = tiny_source("llama")
+    ids = random_ids(2, 20, seed=4)
+    contender = Contender("w", model, window=4, sinks=1)
+    logits = contender.logits(ids)
+    reference = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    torch.testing.assert_close(token_nll(contender, ids, progress=False), reference, atol=1e-5, rtol=1e-5)
+    full = token_nll(Contender("full", model), ids, progress=False)
+    assert not torch.allclose(full[:, 10:], reference[:, 10:], atol=1e-3)  # the window is not the full model
+
+
+# --- token_rows -------------------------------------------------------------------------------------------------
+
+# distinct documents of varied lengths; with length 32, the long ones are those of >= 32 characters
+DOCS = [
+    "alpha short.",
+    "bravo: a document long enough to give a whole row of tokens.",
+    "charlie is short too",
+    "delta runs on and on, well past the thirty-two characters of a row.",
+    "echo",
+    "foxtrot: exactly a row of chars.",  # 32 characters: exactly one row
+    "golf: another long document, with commas, dots and more words.",
+    "hotel: 31 characters, one short",
+    "india: long again, the last of the long documents in this file.",
+    "juliet, short",
+]
+
+
+def write_docs(tmp_path, docs=DOCS):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def test_token_rows_keeps_long_documents_cut_to_length(tmp_path):
+    tok = char_tokenizer()
+    assert len(DOCS[5]) == 32 and len(DOCS[7]) == 31
+    held_out = 7
+    cfg = DataConfig(path=write_docs(tmp_path), held_out=held_out)
+    validation = list(load_documents(cfg, 0, "validation"))
+    assert len(validation) == held_out
+    long_ones = [d for d in validation if len(d) >= 32]
+    assert 0 < len(long_ones) < held_out and DOCS[5] in long_ones and DOCS[7] in validation
+
+    rows = token_rows(cfg, tok, length=32, rows=100, seed=0)
+    assert rows.dtype == torch.long and rows.shape == (len(long_ones), 32)
+    texts = [tok.decode(r) for r in rows.tolist()]
+    assert texts == [d[:32] for d in long_ones]  # held-out order, only documents of >= 32 tokens
+    training = set(DOCS) - set(validation)
+    assert not any(text == d[:32] for text in texts for d in training)  # never a training document
+
+    two = token_rows(cfg, tok, length=32, rows=2, seed=0)
+    assert torch.equal(two, rows[:2])
+
+
+def test_token_rows_pack_joins_documents_with_eos(tmp_path):
+    tok = char_tokenizer()
+    eos = tok.eos_token_id
+    assert eos == 2
+    cfg = DataConfig(path=write_docs(tmp_path), held_out=len(DOCS))
+    validation = list(load_documents(cfg, 0, "validation"))
+    stream = []
+    for d in validation:
+        stream += tok(d, add_special_tokens=False)["input_ids"] + [eos]
+    length, count = 50, 4
+    rows = token_rows(cfg, tok, length=length, rows=count, seed=0, pack=True)
+    assert rows.shape == (count, length)
+    assert torch.equal(rows, torch.tensor(stream[:length * count]).view(count, length))
+    assert (rows == eos).sum() > 0  # documents are separated by EOS
+    # all the stream there is: whole rows only, no partial last row
+    everything = token_rows(cfg, tok, length=length, rows=10_000, seed=0, pack=True)
+    assert everything.shape == (len(stream) // length, length)
+    # short documents, which pack=False drops, are in the packed rows
+    assert DOCS[4] + tok.eos_token in tok.decode(everything.flatten().tolist(), skip_special_tokens=False)
+
+
+def test_token_rows_other_seed_other_documents(tmp_path):
+    tok = char_tokenizer()
+    cfg = DataConfig(path=write_docs(tmp_path), held_out=len(DOCS))
+    a = token_rows(cfg, tok, length=32, rows=100, seed=0)
+    b = token_rows(cfg, tok, length=32, rows=100, seed=1)
+    # held_out covers every document: the same rows, in another (seeded) order
+    assert sorted(map(tuple, a.tolist())) == sorted(map(tuple, b.tolist()))
+    assert not torch.equal(a, b)
+
+
+def test_token_rows_too_short_raises(tmp_path):
+    tok = char_tokenizer()
+    cfg = DataConfig(path=write_docs(tmp_path), held_out=len(DOCS))
+    with pytest.raises(ValueError, match="pack=True"):
+        token_rows(cfg, tok, length=100, rows=4, seed=0)
+    total = sum(len(d) + 1 for d in DOCS)
+    assert total // 100 >= 2
+    packed = token_rows(cfg, tok, length=100, rows=10, seed=0, pack=True)  # packing rescues it
+    assert packed.shape == (total // 100, 100)
+    with pytest.raises(ValueError, match="joined together"):
+        token_rows(cfg, tok, length=total + 1, rows=1, seed=0, pack=True)
+
+
+# --- position_perplexity ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_position_perplexity_window_covering_rows_equals_source(arch):
+    # Mistral without its own sliding window (a 4D mask replaces it; see test_contenders)
+    model = tiny_source(arch, **({"sliding_window": None} if arch == "mistral" else {}))
+    ids = random_ids(3, 80, seed=5)
+    source, window = position_perplexity(
+        [Contender("source", model), Contender("window", model, window=80, sinks=4)], ids, batch_size=2,
+        progress=False)
+    assert (source.name, window.name) == ("source", "window")
+    assert [(b["start"], b["end"], b["tokens"]) for b in source.buckets] == [(0, 64, 3 * 63), (64, 80, 3 * 16)]
+    assert source.tokens == window.tokens == 3 * 79
+    assert source.nll == pytest.approx(window.nll, abs=1e-6)
+    for a, b in zip(source.buckets, window.buckets, strict=True):
+        assert (a["start"], a["end"], a["tokens"]) == (b["start"], b["end"], b["tokens"])
+        assert a["nll"] == pytest.approx(b["nll"], abs=1e-6)
+    # while a window shorter than the rows scores differently (a random model: not necessarily worse)
+    short = position_perplexity([Contender("short", model, window=8)], ids, progress=False)[0]
+    assert short.buckets[1]["nll"] != pytest.approx(source.buckets[1]["nll"], abs=1e-3)
