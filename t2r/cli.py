@@ -188,7 +188,7 @@ def eval_settings(args):
 
     suites = args.suite if args.suite is not None else ([] if args.tasks else ["ppl", "mqar", "passkey"])
     return EvalSettings(
-        suites=suites, tasks=args.tasks, limit=args.limit, data=args.data, text_field=args.text_field,
+        baseline=args.baseline, suites=suites, tasks=args.tasks, limit=args.limit, data=args.data, text_field=args.text_field,
         ppl_length=args.ppl_length[0], ppl_rows=args.ppl_rows, pack=args.pack, windows=args.windows, sinks=args.sinks,
         mqar_pairs=args.mqar_pairs, passkey_lengths=args.passkey_lengths, passkey_depths=args.passkey_depths,
         lm_eval_max_length=args.max_length, bench_contexts=args.contexts, bench_batch_sizes=args.batch_sizes,
@@ -203,7 +203,7 @@ def run_eval(args) -> int:
     settings.harness_specs()  # unknown task or suite: fail before loading anything
     device = default_device(args.device)
     settings.dtype = eval_dtype(args.dtype, device)
-    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(args.model, args.baseline,
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(args.model, settings.baseline,
                                                                               settings.dtype, device)
     results = evaluate(model, tokenizer, settings, args.out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
                        model_spec=args.model, baseline_spec=baseline_spec, command=" ".join(["t2r", *sys.argv[1:]]))
@@ -227,7 +227,8 @@ def run_bench(args) -> int:
     rows = []
     for name, m in zip(labels(model, baseline), (model, baseline)):
         if m is not None:
-            rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens)
+            rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens,
+                                      allow_beyond=True)  # speed and memory, whatever the quality there
     table = bench.format_table(rows)
     print(f"{device}, {dtype}\n{table}")
     if args.out:
@@ -286,8 +287,8 @@ def run_run(args) -> int:
     final = f"{recipe.checkpoint.dir}/final"
     device = default_device(settings.device)
     settings.dtype = eval_dtype(settings.dtype, device)
-    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(final, recipe.model.source,
-                                                                              settings.dtype, device)
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(
+        final, settings.baseline or recipe.model.source, settings.dtype, device)
     data = None
     if settings.data == HELD_OUT:
         data = recipe.data.data_config()
