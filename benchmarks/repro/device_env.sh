@@ -19,6 +19,9 @@ _t2r_site=${T2R_SITE:-/tmp/site}
 _t2r_py=${T2R_PYTHON:-python3}
 _t2r_gguf=SmolLM2-135M-Instruct.Q4_1.gguf
 export T2R_CACHE=${T2R_CACHE:-/tmp/t2r-cache}
+# .stage/src, when carried, holds a committed snapshot of the t2r package (git archive HEAD t2r): it replaces the
+# device's copy of the working tree's t2r/, which may hold unfinished edits.
+[ -d "$_t2r_root/.stage/src/t2r" ] && rm -rf "$_t2r_root/t2r" && cp -r "$_t2r_root/.stage/src/t2r" "$_t2r_root/t2r"
 export PYTHONPATH=$_t2r_root:$_t2r_site${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 t2r() { "$_t2r_py" -m t2r.cli "$@"; }
