@@ -89,7 +89,10 @@ def collate_packed(rows: list[dict], document_boundaries: bool = True) -> dict:
     """Flatten rows into one sequence `[1, N]` with varlen boundaries, like `DataCollatorWithFlattening`.
 
     Returns `input_ids`, `position_ids`, `labels` (`[1, N]`, int64), `cu_seq_lens_q` = `cu_seq_lens_k`
-    (int32 segment starts followed by N) and `max_length_q` = `max_length_k` (python int, longest segment).
+    (int32 segment starts followed by N), `max_length_q` = `max_length_k` (python int, longest segment) and
+    `use_cache=False`: transformers finds the segments of a flattened batch from `position_ids` only when no
+    cache is passed, and a model called with its default `use_cache=True` makes one, so its softmax layers
+    would attend across segments (with restarted positions) and score every segment but the first wrongly.
 
     Segments are the documents inside each row (`position_ids == 0` starts one) when
     `document_boundaries`; otherwise only the rows, with documents running into each other inside a row
@@ -124,5 +127,5 @@ def collate_packed(rows: list[dict], document_boundaries: bool = True) -> dict:
     return {
         "input_ids": input_ids[None], "position_ids": position_ids[None], "labels": labels[None],
         "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens.clone(),
-        "max_length_q": max_length, "max_length_k": max_length,
+        "max_length_q": max_length, "max_length_k": max_length, "use_cache": False,
     }
