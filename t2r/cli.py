@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from t2r.layers import FEATURE_MAPS, MIXERS
+from t2r.train.errors import RunError
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_argument(convert, "hub id, local directory, file.gguf, or 'smollm2' (built-in default)")
     convert.add_argument("--to", dest="target", choices=MIXERS, required=True)
     convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
+    convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
     convert.add_argument("--layers", default=None, help="layers to convert, e.g. '0-11,15' (default: all)")
     convert.add_argument("--num-slots", type=int, default=None, help="GSA memory slots per kv head (default 64)")
     convert.add_argument("--feature-map", choices=FEATURE_MAPS, default=None)
@@ -48,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--config", required=True, help="recipe YAML, e.g. recipes/smollm2-gsa-cpu.yaml")
     finetune.add_argument("overrides", nargs="*", help="section.field=value, e.g. train.lr=1e-4 data.seq_len=512")
     finetune.add_argument("--resume", action="store_true",
-                          help="continue from the latest checkpoint in checkpoint.dir (exact: data, optimizer, RNG)")
+                          help="continue from the newest intact checkpoint in checkpoint.dir (exact: data, optimizer, "
+                               "RNG); the recipe may change only in how long to train, the lr schedule and logging")
+    finetune.add_argument("--overwrite", action="store_true",
+                          help="delete another run's checkpoints and final model in checkpoint.dir, then start afresh")
     finetune.add_argument("--dry-run", action="store_true",
                           help="validate the recipe, print it resolved with the step plan, and stop")
 
@@ -60,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="recipe YAML")
     run.add_argument("overrides", nargs="*", help="section.field=value")
     run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
+    run.add_argument("--overwrite", action="store_true", help="delete another run in checkpoint.dir first")
 
     add_eval_parsers(commands)
 
@@ -146,6 +155,7 @@ def run_convert(args) -> int:
     import t2r
     from t2r.sources import load_source
 
+    check_output_dir(args.out, args.model, args.overwrite)
     source, tokenizer = load_source(args.model, dtype=DTYPES[args.dtype], device=default_device(args.device))
     options = {k: v for k, v in dict(
         num_slots=args.num_slots, feature_map=args.feature_map, rope=args.rope,
@@ -153,10 +163,33 @@ def run_convert(args) -> int:
     ).items() if v is not None}
     model = t2r.convert(source, args.target, layers=args.layers, source=args.model, **options)
     print(t2r.conversion_report(source, model))
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    print(f"saved to {args.out}")
+    out = Path(args.out)
+    tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    print(f"saved to {out}")
     return 0
+
+
+def check_output_dir(out: str, model: str, overwrite: bool) -> None:
+    """ValueError unless `out` may receive a converted model: not a file, not the source model's directory,
+    and (unless `overwrite`, which replaces the directory) empty or absent."""
+    path = Path(out).expanduser()
+    if path.is_file():
+        raise ValueError(f"--out {out!r} is a file; give a directory for the converted model")
+    source = Path(model).expanduser()
+    source_dir = source.parent if source.is_file() else source
+    if source_dir.exists() and path.exists() and path.resolve() == source_dir.resolve():
+        raise ValueError(f"--out {out!r} is the source model's directory: converting into it would overwrite the "
+                         "model being converted; choose another --out")
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if held and not overwrite:
+        raise ValueError(f"--out {out!r} is not empty ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}); "
+                         "pass --overwrite to replace the directory, or choose another --out")
 
 
 def run_generate(args) -> int:
@@ -252,6 +285,7 @@ def run_finetune(args) -> int:
     from accelerate import PartialState
 
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
+    check_recipe_data(recipe)
     if args.dry_run:
         import yaml
 
@@ -264,7 +298,7 @@ def run_finetune(args) -> int:
               + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
               + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
         return 0
-    metrics = finetune(recipe, resume=args.resume)
+    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if PartialState().is_main_process:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
         print(f"model saved to {recipe.checkpoint.dir}/final")
@@ -280,8 +314,9 @@ def run_run(args) -> int:
     from t2r.train import finetune, load_recipe
 
     recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
+    check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
-    metrics = finetune(recipe, resume=args.resume)
+    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0
     final = f"{recipe.checkpoint.dir}/final"
@@ -303,6 +338,20 @@ def run_run(args) -> int:
     return 0
 
 
+def check_recipe_data(recipe) -> None:
+    """The data checks of `finetune`, before anything loads (and in --dry-run): the first documents of every
+    local file, then, when the tokenizer is a local directory, one packed row of each part."""
+    from t2r.data.check import check_files, check_rows
+    from t2r.data.sources import is_local
+    from t2r.sources import load_tokenizer
+
+    cfg = recipe.data.data_config()
+    check_files(cfg)
+    source = Path(recipe.model.source).expanduser()
+    if is_local(os.path.expanduser(cfg.path)) and (source / "tokenizer_config.json").is_file():
+        check_rows(cfg, load_tokenizer(str(source)), recipe.data.seq_len, recipe.train.seed)
+
+
 def _divides(recipe, processes: int) -> bool:
     train = recipe.train
     return train.tokens_per_step % (recipe.data.seq_len * train.micro_batch_size * processes) == 0
@@ -317,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
         print(f"t2r {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except RunError as err:  # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss
+        print(f"t2r {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -79,14 +79,27 @@ def resolve(spec: str) -> tuple[str, dict]:
     return spec, {}
 
 
+def load_tokenizer(spec: str):
+    """The tokenizer of `spec` alone (as `load_source` would return it), without loading weights."""
+    from transformers import AutoTokenizer
+
+    if spec == SMOLLM2:
+        spec = str(smollm2_dense())
+    path, kwargs = resolve(spec)
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
 def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str | None = None):
-    """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted), a .gguf file, or `smollm2`."""
+    """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted, or a LoRA adapter
+    whose `adapter_config.json` names its base), a .gguf file, or `smollm2`."""
     import t2r.models  # noqa: F401  (registers converted model types, so converted dirs load too)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec == SMOLLM2:
         spec = str(smollm2_dense())
     path, kwargs = resolve(spec)
+    if is_adapter(path):
+        return load_adapter(path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", **kwargs)
     if "gguf_file" in kwargs:
@@ -98,4 +111,28 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
             model = model.to(torch.float32)
     if device:
         model = model.to(device)
+    return model.eval(), tokenizer
+
+
+def is_adapter(path: str) -> bool:
+    return (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file()
+
+
+def load_adapter(path: str, dtype=None, device: str | None = None):
+    """(model with the adapter merged in, tokenizer) for a peft LoRA adapter directory."""
+    import json
+
+    from peft import PeftModel
+
+    base = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or base == "None":
+        raise ValueError(f"{path} holds only a LoRA adapter and names no base model (base_model_name_or_path is "
+                         f"{base!r}; older t2r LoRA runs saved final/ so): rerun the finetune, which now saves the "
+                         "merged model, or set base_model_name_or_path to the converted model it was trained on")
+    model, tokenizer = load_source(base, dtype=dtype, device=device)
+    if any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    model = PeftModel.from_pretrained(model, path).merge_and_unload()
     return model.eval(), tokenizer

@@ -113,3 +113,43 @@ def test_run_finetunes_then_reports_against_the_source(tmp_path, capsys):
     recipe.write_text(recipe.read_text().replace("held_out: 8", "held_out: 0"))
     assert main(["run", "--config", str(recipe)]) == 2
     assert "data.held_out" in capsys.readouterr().err
+
+
+def test_convert_never_overwrites_its_source_or_writes_into_a_file(tmp_path, capsys):
+    save_tiny_source(tmp_path / "src")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()}
+    args = ["convert", "--model", str(tmp_path / "src"), "--to", "gla", "--device", "cpu", "--out"]
+    assert main([*args, str(tmp_path / "src" / ".")]) == 2
+    assert "is the source model's directory" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()} == before
+    (tmp_path / "file").write_text("x")
+    assert main([*args, str(tmp_path / "file")]) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "out")]) == 0
+    assert main([*args, str(tmp_path / "out")]) == 2
+    assert "is not empty (config.json, generation_config.json, model.safetensors, tokenizer.json, ...); pass " \
+        "--overwrite" in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "out"), "--overwrite"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.t2r_mixers == ["gla"] * 3
+
+
+def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(tmp_path, capsys):
+    from tests.train.conftest import save_char_source
+
+    source = save_char_source(tmp_path / "src")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "one document that is long enough"}\n{"text": "two"\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gla}}\n"
+                      f"data: {{path: '{data}', seq_len: 8, held_out: 1}}\n"
+                      "train: {tokens_per_step: 8, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n")
+    assert main(["finetune", "--config", str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"t2r finetune: error: {data}, line 2: not valid JSON" in err and "Traceback" not in err
+    data.write_text('{"text": "one document that is long enough"}\n' * 5)  # 33 tokens each, with EOS
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.seq_len=40", "train.tokens_per_step=40"]) == 2
+    assert "data.held_out: the 1 held-out documents hold 33 tokens, less than one row of data.seq_len=40" in \
+        capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 0
+    assert not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .check import explain
 from .config import DataConfig
 
 if TYPE_CHECKING:
@@ -56,7 +57,12 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
         builder, files = local_files(path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         streaming = bool(cfg.streaming)
-        dataset = load_dataset(builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs)
+        try:
+            dataset = load_dataset(builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs)
+        except (ImportError, FileNotFoundError):
+            raise
+        except Exception as err:  # a datasets traceback: find the file and line, say what to fix
+            raise explain(cfg, err) from None
     else:
         streaming = True if cfg.streaming is None else cfg.streaming
         dataset = load_dataset(cfg.path, cfg.name, split=cfg.split, streaming=streaming)
@@ -127,7 +133,16 @@ def _texts(dataset: Dataset | IterableDataset, cfg: DataConfig) -> Iterator[str]
     """The `text_field` of each row, skipping empty documents."""
     if dataset.column_names is not None:
         dataset = dataset.select_columns([cfg.text_field])  # don't decode the other columns
-    for row in dataset:
+    rows = iter(dataset)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception as err:  # a file that breaks mid-stream (streaming, or undecodable text)
+            if not is_local(os.path.expanduser(cfg.path)):
+                raise
+            raise explain(cfg, err) from None
         if cfg.text_field not in row:
             raise ValueError(_missing_field(cfg, list(row)))
         text = row[cfg.text_field]

@@ -1,7 +1,8 @@
-"""Finetuning: recipes (validated YAML), the accelerate training loop, atomic checkpoints."""
+"""Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints."""
 
+from .errors import CheckpointError, NonFiniteError, RunDirError, RunError
 from .loop import Interrupt, evaluate_loss, finetune, heldout_loss
 from .recipe import Recipe, RecipeError, load_recipe, save_resolved
 
-__all__ = ["Interrupt", "Recipe", "RecipeError", "evaluate_loss", "finetune", "heldout_loss", "load_recipe",
-           "save_resolved"]
+__all__ = ["CheckpointError", "Interrupt", "NonFiniteError", "Recipe", "RecipeError", "RunDirError", "RunError",
+           "evaluate_loss", "finetune", "heldout_loss", "load_recipe", "save_resolved"]

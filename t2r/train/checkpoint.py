@@ -1,27 +1,51 @@
-"""Training checkpoints that are never half-written: each is built in a hidden temporary
-directory (accelerate's `save_state`: model, optimizer, scheduler, RNG states) with the
-trainer state and the resolved recipe beside it, then renamed into place in one step.
-A directory named `step-N` is therefore always complete; a crash leaves at most a `.tmp-*`
-directory, which is ignored and cleaned up by the next save."""
+"""Training checkpoints that are never half-written, checked before they are trusted, and loaded without
+running code from disk.
+
+A checkpoint `step-N` is built in a hidden `.tmp-step-N` directory: accelerate's `save_state` (model as
+safetensors, optimizer and AMP scaler as tensors), each process's RNG states as JSON + safetensors (not
+accelerate's pickle), the trainer state (step, tokens, recipe changes) as JSON and the resolved recipe; last,
+`manifest.json` records the size and SHA-256 of every file. Then the directory is renamed into place in
+one step, so `step-N` is complete or absent; a crash leaves at most a `.tmp-*` directory, which the
+next save removes.
+
+`verify` re-reads every file against the manifest and refuses files that only pickle can restore;
+`resumable` returns the newest checkpoint that passes and moves damaged ones to `damaged/`, saying what
+was wrong. `load` restores it inside `no_code_from_disk()`.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
+
+from . import rng
+from .errors import CheckpointError
+from .safe_load import no_code_from_disk
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+DAMAGED = "damaged"
+_STEP = re.compile(rf"{PREFIX}(\d+)")
+_PICKLED = re.compile(r"\.(pkl|pickle)$|^custom_checkpoint_\d+")  # need an unrestricted unpickler
+
+
+def step_of(checkpoint: Path) -> int:
+    return int(_STEP.fullmatch(checkpoint.name).group(1))
 
 
 def checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first."""
+    """Checkpoint directories under `root` (renamed into place, so complete unless damaged later), oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted((p for p in root.iterdir() if p.is_dir() and _STEP.fullmatch(p.name)), key=step_of)
 
 
 def latest(root: str | os.PathLike) -> Path | None:
@@ -33,9 +57,11 @@ def read_state(checkpoint: Path) -> dict:
     return json.loads((checkpoint / STATE_FILE).read_text())
 
 
-def save(accelerator, root: str | os.PathLike, state: dict, write_extra=None, keep_last: int | None = None) -> Path:
-    """Write checkpoint `step-<state['step']>` atomically; `write_extra(dir)` adds files (the
-    recipe) before the rename. Every process must call this (save_state is collective)."""
+def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callable[[Path], None] | None = None,
+         keep_last: int | None = None) -> Path:
+    """Write checkpoint `step-<state['step']>` atomically; `write_extra(dir)` adds files (the recipe) before
+    the manifest. Every process must call this (save_state is collective). Pruning keeps the `keep_last`
+    newest checkpoints up to this one, never this one and never a newer one."""
     root = Path(root)
     final = root / f"{PREFIX}{state['step']:08d}"
     tmp = root / f".tmp-{final.name}"
@@ -45,19 +71,120 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra=None, ke
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    rank = accelerator.process_index
+    (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
+    rng.save(tmp, rank)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if write_extra is not None:
             write_extra(tmp)
         _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
+        _write_synced(tmp / MANIFEST, json.dumps({"format": 1, "files": _inventory(tmp)}, indent=1))
         if final.exists():  # the same step saved again (a resumed run): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
         if keep_last:
-            for old in checkpoints(root)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            prune(root, keep_last, final)
     accelerator.wait_for_everyone()
     return final
+
+
+def prune(root: Path, keep_last: int, current: Path) -> None:
+    """Delete checkpoints older than `current` beyond the newest `keep_last` (counting `current`)."""
+    older = [c for c in checkpoints(root) if step_of(c) < step_of(current)]
+    for old in older[:max(0, len(older) - (keep_last - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verify(checkpoint: Path) -> str | None:
+    """None if every file matches the manifest and none needs unpickling, else what is wrong."""
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    for path in files:
+        if _PICKLED.search(path.name):
+            return (f"{path.relative_to(checkpoint)} can only be restored by unpickling, which could run code "
+                    "stored in it; t2r never writes such a file")
+    try:
+        listed = {name: {"size": int(entry["size"]), "sha256": str(entry["sha256"])}
+                  for name, entry in json.loads((checkpoint / MANIFEST).read_text())["files"].items()}
+    except FileNotFoundError:
+        return f"{MANIFEST} is missing (written by t2r before checksums, or deleted)"
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"{MANIFEST} is unreadable ({type(err).__name__}: {err})"
+    present = {str(p.relative_to(checkpoint)) for p in files} - {MANIFEST}
+    missing = sorted((set(listed) | {STATE_FILE, "recipe.yaml"}) - present)
+    if missing:
+        return f"{missing[0]} is missing"
+    extra = sorted(present - set(listed))
+    if extra:
+        return f"{extra[0]} is not in {MANIFEST} (added after the checkpoint was written)"
+    for name, expected in listed.items():
+        size = (checkpoint / name).stat().st_size
+        if size != expected["size"]:
+            return f"{name} is {size:,} bytes, {expected['size']:,} when written (truncated or replaced)"
+    actual = _digests(checkpoint, sorted(listed))
+    for name in sorted(listed):
+        if actual[name] != listed[name]["sha256"]:
+            return f"{name} does not match its SHA-256 checksum (changed or corrupted after it was written)"
+    return None
+
+
+def resumable(root: Path, log: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint that passes `verify`; each damaged newer one is moved to `root/damaged/`.
+    None when there is no checkpoint; CheckpointError when there are some and none is intact."""
+    found = checkpoints(root)
+    damaged = []
+    for checkpoint in reversed(found):
+        problem = verify(checkpoint)
+        if problem is None:
+            return checkpoint
+        aside = root / DAMAGED / checkpoint.name
+        if aside.exists():
+            shutil.rmtree(aside)
+        aside.parent.mkdir(exist_ok=True)
+        os.replace(checkpoint, aside)
+        damaged.append(checkpoint.name)
+        log(f"checkpoint {checkpoint.name} is damaged: {problem}; moved it to {aside}")
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint in {root} to resume from ({', '.join(damaged)} damaged, moved to "
+                              f"{root / DAMAGED}); start afresh with --overwrite")
+    return None
+
+
+def load(accelerator, checkpoint: Path) -> dict:
+    """Restore model, optimizer, scaler and this process's RNG from a verified checkpoint; its trainer state."""
+    try:
+        with no_code_from_disk():
+            accelerator.load_state(str(checkpoint))
+        rng.restore(checkpoint, accelerator.process_index)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # verified files that still cannot be loaded: another model, or unsafe content
+        # (torch.distributed.checkpoint's CheckpointException derives from BaseException)
+        raise CheckpointError(f"cannot resume from {checkpoint}: {type(err).__name__}: {err}") from err
+    return read_state(checkpoint)
+
+
+def _inventory(directory: Path) -> dict:
+    names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+    digests = _digests(directory, names, sync=True)
+    return {name: {"size": (directory / name).stat().st_size, "sha256": digests[name]} for name in names}
+
+
+def _digests(directory: Path, names: list[str], sync: bool = False) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:  # hashlib releases the GIL
+        return dict(zip(names, pool.map(lambda name: _sha256(directory / name, sync), names)))
+
+
+def _sha256(path: Path, sync: bool = False) -> str:
+    """Hex SHA-256 of a file; with `sync`, its data is also flushed to disk (before the rename publishes it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 23):
+            digest.update(chunk)
+        if sync:
+            os.fsync(fh.fileno())
+    return digest.hexdigest()
 
 
 def _write_synced(path: Path, text: str) -> None:

@@ -1,5 +1,9 @@
 """The finetuning loop: one code path for one GPU, DDP and FSDP (accelerate carries the
-distribution, mixed precision and gradient accumulation), exact resume from atomic checkpoints."""
+distribution, mixed precision and gradient accumulation), exact resume from verified atomic checkpoints.
+
+A run locks its checkpoint directory, checks its data before the model loads, starts afresh only in a
+directory it may claim (`resume.choose_start`), skips optimizer steps whose loss or gradient norm is not
+finite (`guard`), and never saves non-finite weights."""
 
 from __future__ import annotations
 
@@ -17,10 +21,17 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from t2r.data import PackedSequences, collate_packed, load_documents
+from t2r.data.check import check_files, check_rows
+from t2r.sources import load_tokenizer
 
-from . import checkpoint
+from . import checkpoint, logs
+from .errors import NonFiniteError
+from .export import save_final
+from .guard import NonFiniteGuard, weights_finite
 from .model_setup import build_model, trainable_parameters
 from .recipe import save_resolved
+from .resume import choose_start
+from .run_dir import RunLock
 from .schedule import lr_factor
 from .transfer import attention_transfer
 
@@ -90,59 +101,98 @@ def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1
     return evaluate_loss(model, batches)
 
 
-def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], None]] = ()) -> dict:
-    """Train the model of `recipe`; returns the final metrics. With `resume`, continue from the
-    latest checkpoint under `recipe.checkpoint.dir` (same data position, optimizer, scheduler
-    and RNG state), else start fresh. Each callback gets the metrics dict after every optimizer
-    step and may raise `Interrupt` to stop."""
+def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], None]] = (),
+             overwrite: bool = False) -> dict:
+    """Train the model of `recipe`; returns the final metrics. With `resume`, continue from the newest
+    intact checkpoint under `recipe.checkpoint.dir` (same data position, optimizer, schedule and RNG
+    state; recipe changes checked, see `t2r.train.resume`), else start fresh, which needs a directory
+    without another run's results or `overwrite` (delete them first). Each callback gets the metrics
+    dict after every optimizer step and may raise `Interrupt` to stop."""
+    if resume and overwrite:
+        raise ValueError(f"--resume and --overwrite exclude each other: --resume continues the run in "
+                         f"{recipe.checkpoint.dir}, --overwrite deletes it")
+    accelerator = _accelerator(recipe)
+    on_main(accelerator, lambda: _check_data(recipe))  # before the model loads, and before the directory is made
+    lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
+    try:
+        note = on_main(accelerator, lock.acquire if lock else None)
+        if note:
+            accelerator.print(note)
+        return _train(recipe, accelerator, resume, overwrite, callbacks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def on_main(accelerator, fn):
+    """`fn()` on the main process only; its result, or the error it raised, on every process (so that no
+    process waits forever for one that stopped)."""
+    result, error = None, None
+    if accelerator.is_main_process and fn is not None:
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
+            error = err
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        result, error = broadcast_object_list([(result, error)])[0]
+    if error is not None:
+        raise error
+    return result
+
+
+def _accelerator(recipe):
     from accelerate import Accelerator, PartialState
     from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import set_seed
 
-    train = recipe.train
-    root = Path(recipe.checkpoint.dir)
     cpu = not torch.cuda.is_available()  # accelerate only forms a multi-process CPU group when told (gloo)
     accum = recipe.grad_accum_steps(PartialState(cpu=cpu).num_processes)
     # a second run in one process (tests, notebooks) may use another precision or accumulation; the
     # process group (PartialState) is kept
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
-    total_steps = recipe.total_steps
-    accelerator = Accelerator(cpu=cpu, mixed_precision=train.mixed_precision, gradient_accumulation_steps=accum,
-                              log_with=recipe.logging.trackers or None, project_dir=str(root / "logs"))
+    return Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision, gradient_accumulation_steps=accum,
+                       log_with=recipe.logging.trackers or None, project_dir=str(Path(recipe.checkpoint.dir) / "logs"))
+
+
+def _check_data(recipe) -> None:
+    """Data errors before the model loads: the files' first documents, then one packed row of each part."""
+    check_files(recipe.data.data_config())
+    check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
+
+
+def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dict:
+    from accelerate.utils import set_seed
+
+    train, root = recipe.train, Path(recipe.checkpoint.dir)
+    found, changes = on_main(accelerator, lambda: choose_start(recipe, resume, overwrite, accelerator.print))
+    if accelerator.is_main_process:
+        save_resolved(recipe, root)
+    total_steps, accum = recipe.total_steps, accelerator.gradient_accumulation_steps
     set_seed(train.seed)
 
     model, tokenizer, teacher = build_model(recipe)
     params = [p for p in model.parameters() if p.requires_grad]
     n_train, n_total = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(
-        lr_factor, warmup_steps=train.warmup_steps, total_steps=total_steps, schedule=train.schedule,
-        min_lr_ratio=train.min_lr_ratio))
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimizer step, on every process
     if teacher is not None:
         teacher.to(accelerator.device)
 
-    step, tokens = 0, 0
-    found = checkpoint.latest(root) if resume else None
+    state = {"step": 0, "tokens": 0, "skipped_steps": 0, "recipe_changes": []}
     if found is not None:
-        accelerator.load_state(str(found))
-        state = checkpoint.read_state(found)
-        step, tokens = state["step"], state["tokens"]
-        accelerator.print(f"resumed from {found} (step {step}, {tokens:,} tokens)")
-    elif checkpoint.latest(root) is not None:
-        accelerator.print(f"starting afresh in {root}: its checkpoints will be replaced (--resume continues them)")
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        save_resolved(recipe, root)
+        state = {**state, **checkpoint.load(accelerator, found)}
+        state["recipe_changes"] = state["recipe_changes"] + [{"step": state["step"], **c} for c in changes]
+        accelerator.print(f"resumed from {found} (step {state['step']}, {state['tokens']:,} tokens)")
+    step, tokens = state["step"], state["tokens"]
     if recipe.logging.trackers:
-        accelerator.init_trackers(recipe.name, config=_flat(recipe))
+        accelerator.init_trackers(recipe.name, config=logs.flat(recipe))
 
     accelerator.print(f"training {n_train:,} of {n_total:,} parameters for {total_steps} steps "
                       f"({accum} micro-batches of {train.micro_batch_size} x {recipe.data.seq_len} tokens "
                       f"x {accelerator.num_processes} processes per step)")
-    history = _read_history(root / "metrics.jsonl", step) if accelerator.is_main_process else []
+    history = logs.read_history(root / "metrics.jsonl", step) if accelerator.is_main_process else []
     world, rank = accelerator.num_processes, accelerator.process_index
     stage1 = recipe.stages.attention_transfer
     transfer_mse = None
@@ -153,9 +203,17 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
             transfer_mse = attention_transfer(
                 accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
                 reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None)
+        if not math.isfinite(transfer_mse[-1]):
+            raise NonFiniteError(f"attention transfer: the MSE is {transfer_mse[-1]} after {len(transfer_mse)} steps; "
+                                 "lower stages.attention_transfer.lr")
         accelerator.print(f"attention transfer: {len(transfer_mse)} steps, "
                           f"MSE {transfer_mse[0]:.4g} -> {transfer_mse[-1]:.4g}")
-    progress = _progress(total_steps, step, accelerator.is_main_process)
+    guard = NonFiniteGuard(train.max_nonfinite_steps, hint=(
+        f": lower train.lr (now {train.lr}) and --resume, or check the data and the weights' dtype"))
+    guard.total = state["skipped_steps"]
+    lr_at = partial(lr_factor, warmup_steps=train.warmup_steps, total_steps=total_steps, schedule=train.schedule,
+                    min_lr_ratio=train.min_lr_ratio)
+    progress = logs.progress(total_steps, step, accelerator.is_main_process)
     model.train()
     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
     metrics = {"step": step, "tokens": tokens}
@@ -167,104 +225,66 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         with accelerator.accumulate(model):
             loss = step_loss(model, batch, teacher if recipe.stages.distill else None, recipe.stages.distill)
             accelerator.backward(loss)
-            if accelerator.sync_gradients and train.grad_clip:
-                accelerator.clip_grad_norm_(params, train.grad_clip)
-            optimizer.step()
+            window_loss += loss.detach().float().item() / accum
+            window_tokens += batch["input_ids"].numel() * world
+            if accelerator.sync_gradients:
+                if world > 1:  # the mean over processes: every process then takes the same decision
+                    window_loss = accelerator.reduce(torch.tensor(window_loss, device=accelerator.device), "mean").item()
+                grad_norm = float(accelerator.clip_grad_norm_(params, train.grad_clip or math.inf))
+                lr = train.lr * lr_at(step)
+                update = guard.check(step + 1, window_loss, grad_norm)
+                if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        window_loss += loss.detach().float().item() / accum
-        window_tokens += batch["input_ids"].numel() * accelerator.num_processes
         if not accelerator.sync_gradients:
             continue
-        scheduler.step()
         step += 1
         tokens += window_tokens
-        if world > 1:  # log the mean over processes, not this process's share
-            window_loss = accelerator.reduce(torch.tensor(window_loss, device=accelerator.device), "mean").item()
         elapsed = time.perf_counter() - window_start
-        metrics = {"step": step, "tokens": tokens, "loss": window_loss, "lr": scheduler.get_last_lr()[0],
-                   "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+        metrics = {"step": step, "tokens": tokens, "loss": logs.finite_or_none(window_loss), "lr": lr,
+                   "grad_norm": logs.finite_or_none(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+        if not update:
+            metrics["skipped"] = True
         window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
         progress.update(1)
-        progress.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.2e}",
+        progress.set_postfix(loss="skipped" if not update else f"{metrics['loss']:.3f}", lr=f"{lr:.2e}",
                              tok_s=f"{metrics['tokens_per_s']:,.0f}")
         if accelerator.is_main_process:
             history.append(metrics)
-            _append_jsonl(root / "metrics.jsonl", metrics)
+            logs.append_jsonl(root / "metrics.jsonl", metrics)
         if step % recipe.logging.every_steps == 0 and recipe.logging.trackers:
-            accelerator.log(metrics, step=step)
+            accelerator.log({k: v for k, v in metrics.items() if v is not None}, step=step)
         if step % recipe.checkpoint.every_steps == 0 or step == total_steps:
-            checkpoint.save(accelerator, root, {"step": step, "tokens": tokens},
-                            write_extra=lambda d: save_resolved(recipe, d), keep_last=recipe.checkpoint.keep_last)
+            _require_finite(model, accelerator, step, root)
+            state.update(step=step, tokens=tokens, skipped_steps=guard.total)
+            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                            keep_last=recipe.checkpoint.keep_last)
         for callback in callbacks:
             callback(metrics)
     progress.close()
 
+    _require_finite(model, accelerator, step, root)
     final = dict(metrics)
+    final["skipped_steps"] = guard.total
     if transfer_mse:
         final["attention_transfer_mse"] = [transfer_mse[0], transfer_mse[-1]]
     if recipe.data.held_out:
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
     accelerator.wait_for_everyone()
+    save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
     if accelerator.is_main_process:
-        out = root / "final"
-        accelerator.unwrap_model(model).save_pretrained(out, state_dict=accelerator.get_state_dict(model))
-        tokenizer.save_pretrained(out)
-        save_resolved(recipe, out)
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
         if recipe.logging.plot:
-            _plot(history, root / "loss.png", recipe.name)
+            logs.plot(history, root / "loss.png", recipe.name)
     if recipe.logging.trackers:
         accelerator.end_training()
     return final
 
 
-def _flat(recipe) -> dict:
-    flat = {}
-    for section, values in recipe.to_dict().items():
-        if isinstance(values, dict):
-            flat.update({f"{section}.{k}": v if isinstance(v, (int, float, str, bool)) else str(v)
-                         for k, v in values.items()})
-        else:
-            flat[section] = values
-    return flat
-
-
-def _progress(total: int, start: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
-
-
-def _append_jsonl(path: Path, row: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-
-
-def _read_history(path: Path, up_to_step: int) -> list[dict]:
-    """Metrics of earlier steps (a resumed run rewrites the file without the steps it redoes)."""
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["step"] <= up_to_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return rows
-
-
-def _plot(history: list[dict], path: Path, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional (pip install t2r[eval])
-        return
-    if not history:
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["tokens"] / 1e6 for r in history], [r["loss"] for r in history])
-    ax.set(xlabel="tokens (M)", ylabel="training loss", title=title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _require_finite(model, accelerator, step: int, root: Path) -> None:
+    if not weights_finite(model, accelerator):
+        raise NonFiniteError(f"step {step}: the weights are no longer finite, so they were not saved; the checkpoints "
+                             f"in {root} hold the last finite ones (lower train.lr, then --resume or --overwrite)")

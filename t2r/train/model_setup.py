@@ -55,6 +55,7 @@ def select_trainable(model: nn.Module, recipe) -> nn.Module:
         from peft import LoraConfig, get_peft_model
 
         lora = recipe.lora
+        check_lora_targets(model, lora.target_modules)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules),
                             modules_to_save=new_module_names(model) or None)
@@ -71,6 +72,20 @@ def select_trainable(model: nn.Module, recipe) -> nn.Module:
         is_gate = in_attention and any(f".self_attn.{g}." in name for g in gates)
         param.requires_grad_(is_gate if mode == "gates" else in_attention)
     return model
+
+
+def check_lora_targets(model: nn.Module, targets) -> None:
+    """Every `lora.target_modules` entry must name modules of the model (peft itself only refuses a list
+    in which none matches, and silently skips the rest)."""
+    from .fields import RecipeError, suggest
+
+    names = [name for name, _ in model.named_modules() if name]
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in names})
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            raise RecipeError(f"lora.target_modules: {target!r} matches no module of the model"
+                              f"{suggest(target, leaves, list_all=False)} (module names: "
+                              f"{', '.join(n for n in leaves if not n.isdigit())})")
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:

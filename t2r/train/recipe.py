@@ -1,22 +1,17 @@
 """Finetuning recipes: one YAML file (plus `section.field=value` overrides) -> a validated `Recipe`.
 
-Validation is generic over the dataclass fields and their type hints (`_coerce`), per-field limits
+Validation is generic over the dataclass fields and their type hints (`t2r.train.fields`), per-field limits
 (`RULES` on each section) and a few cross-field checks (`_check_recipe`); all of it runs before
 `load_recipe` returns, and every `RecipeError` names the field path and what to change.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import glob
-import math
-import operator
 import os
 import re
-import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar, Sequence
 
@@ -25,6 +20,8 @@ import yaml
 from t2r.data.config import DataConfig
 from t2r.eval.suite import HELD_OUT, EvalSettings
 from t2r.layers.options import MIXERS, MixerOptions
+
+from .fields import RecipeError, build, coerce, plain, suggest
 
 TARGETS = (*MIXERS, "none")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -35,10 +32,6 @@ TRACKERS = ("tensorboard", "wandb")
 LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet", ".gz", ".csv", ".arrow", ".gguf", ".safetensors")
 _LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
 _LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot run; the message starts with the offending field path."""
 
 
 @dataclass
@@ -64,7 +57,7 @@ class DataSection(DataConfig):
     document_boundaries: bool = True  # reset the state / mask attention at document starts
     RULES: ClassVar[dict] = {
         "path": {"nonempty": True}, "held_out": {"min": 0}, "shuffle_buffer": {"min": 0},
-        "max_documents": {"min": 1}, "seq_len": {"min": 1},
+        "max_documents": {"min": 1}, "seq_len": {"min": 2},  # one token per row leaves nothing to predict
     }
 
     def data_config(self) -> DataConfig:
@@ -88,12 +81,14 @@ class TrainSection:
     mixed_precision: str = "bf16"
     gradient_checkpointing: bool = False
     trainable: str = "all"
+    max_nonfinite_steps: int = 10  # skip steps with a nan/inf loss or gradient norm; stop after this many in a row
     RULES: ClassVar[dict] = {
         "tokens_per_step": {"min": 1}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
         "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},
         "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1},
         "max_steps": {"min": 1}, "max_tokens": {"min": 1}, "seed": {"min": 0},
         "mixed_precision": {"choices": MIXED_PRECISION}, "trainable": {"choices": TRAINABLE},
+        "max_nonfinite_steps": {"min": 1},
     }
 
     @property
@@ -182,121 +177,9 @@ class Recipe:
         return steps
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        return plain(self)
 
 
-_BOUNDS = {"min": (operator.ge, ">="), "gt": (operator.gt, ">"), "max": (operator.le, "<="), "lt": (operator.lt, "<")}
-
-
-def _suggest(word: str, options: Sequence[str], list_all: bool = True) -> str:
-    match = difflib.get_close_matches(word, list(options), n=1)
-    if match:
-        return f"; did you mean {match[0]!r}?"
-    return f"; expected one of {', '.join(options)}" if list_all else ""
-
-
-_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _scalar(value, tp):
-    """`value` as bool/int/float/str, or None: ints pass as floats or strings, integral floats as ints (20e9),
-    numeric strings as numbers (PyYAML reads 1e-4, without a dot, as a string); bools only as bools."""
-    if isinstance(value, bool) or tp is bool:
-        return value if tp is bool and isinstance(value, bool) else None
-    if tp is str or (tp is int and isinstance(value, int)):
-        return value if isinstance(value, (str, tp)) else str(value) if isinstance(value, int) else None
-    try:
-        number = float(value) if isinstance(value, (int, float, str)) else math.nan
-    except ValueError:
-        return None
-    if not math.isfinite(number) or (tp is int and not number.is_integer()):
-        return None
-    return int(number) if tp is int else number
-
-
-def _type_error(path: str, expected: str, value) -> RecipeError:
-    return RecipeError(f"{path}: expected {expected}, got {value!r}")
-
-
-def _coerce(value, tp, path: str):
-    """`value` as type hint `tp`, or a RecipeError naming `path`."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if value is None:
-        raise RecipeError(f"{path}: must be set (got null)")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise _type_error(path, "a section (field: value mapping)", value)
-        return _build(tp, value, path)
-    if tp in _SCALARS:
-        if (result := _scalar(value, tp)) is None:
-            raise _type_error(path, _SCALARS[tp], value)
-        return result
-    if origin is list:
-        value = [value] if isinstance(value, str) else value
-        if not isinstance(value, (list, tuple)):
-            raise _type_error(path, "a list", value)
-        return [_coerce(item, args[0], f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise _type_error(path, f"a list of {len(args)} items", value)
-        return tuple(_coerce(item, t, f"{path}[{i}]") for i, (item, t) in enumerate(zip(value, args)))
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise _type_error(path, "a mapping of names to values", value)
-        return dict(value)
-    raise TypeError(f"{path}: unsupported field type {tp!r}")
-
-
-def _check_rules(value, rules: dict, path: str) -> None:
-    if value is None:
-        return
-    if rules.get("nonempty") and not value:
-        raise RecipeError(f"{path}: must not be empty")
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        choices = rules.get("choices")
-        if choices and item not in choices:
-            raise RecipeError(f"{path}: {item!r} is not one of {', '.join(choices)}"
-                              f"{_suggest(str(item), choices, list_all=False)}")
-        for key, (ok, word) in _BOUNDS.items():
-            if key in rules and not ok(item, rules[key]):
-                raise RecipeError(f"{path}: must be {word} {rules[key]}, got {item!r}")
-
-
-def _build(cls, data: dict, path: str = ""):
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    join = (lambda name: f"{path}.{name}") if path else (lambda name: name)
-    for key in data:
-        if key not in known:
-            raise RecipeError(f"{join(key)}: unknown field{_suggest(str(key), list(known))}")
-    values = {}
-    for name, f in known.items():
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                kind = "section" if dataclasses.is_dataclass(hints[name]) else "field"
-                raise RecipeError(f"{join(name)}: missing required {kind}")
-            continue
-        values[name] = _coerce(data[name], hints[name], join(name))
-        _check_rules(values[name], getattr(cls, "RULES", {}).get(name, {}), join(name))
-    try:
-        return cls(**values)
-    except ValueError as err:  # a section's own checks (EvalSettings.check)
-        raise err if isinstance(err, RecipeError) else RecipeError(f"{path or 'recipe'}: {err}") from None
-
-
-def _plain(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 def is_local_path(path: str) -> bool:
@@ -314,6 +197,10 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
         raise RecipeError(f"train.max_tokens: {train.max_tokens} is less than one step "
                           f"(train.tokens_per_step={train.tokens_per_step})")
     recipe.grad_accum_steps(1)  # tokens_per_step must split into whole micro-batches
+    if recipe.model.dtype == "float16" and train.mixed_precision == "no":
+        raise RecipeError("model.dtype: float16 weights trained without mixed precision overflow (the loss is nan "
+                          "after the first update); use model.dtype=bfloat16 or float32, or train.mixed_precision=fp16 "
+                          "(fp32 master weights)")
     if train.trainable == "lora" and recipe.lora is None:
         raise RecipeError("lora: missing; train.trainable=lora needs a lora section (e.g. lora.r=16)")
     if train.trainable != "lora" and recipe.lora is not None:
@@ -333,8 +220,8 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
         hints = typing.get_type_hints(MixerOptions)
         for key, value in convert.options.items():
             if key not in hints:
-                raise RecipeError(f"convert.options.{key}: unknown option{_suggest(key, list(hints))}")
-            convert.options[key] = _coerce(value, hints[key], f"convert.options.{key}")
+                raise RecipeError(f"convert.options.{key}: unknown option{suggest(key, list(hints))}")
+            convert.options[key] = coerce(value, hints[key], f"convert.options.{key}")
         try:
             MixerOptions.resolve(convert.target, **convert.options)
         except (ValueError, TypeError) as err:
@@ -361,7 +248,7 @@ def recipe_from_dict(data: dict, check_files: bool = True) -> Recipe:
     """Validate a plain mapping (as read from YAML) into a Recipe."""
     if not isinstance(data, dict):
         raise RecipeError(f"recipe: expected a mapping of sections, got {type(data).__name__}")
-    recipe = _build(Recipe, data)
+    recipe = build(Recipe, data)
     recipe.checkpoint.dir = recipe.checkpoint.dir.replace("{name}", recipe.name)
     _check_recipe(recipe, check_files)
     return recipe

@@ -113,7 +113,10 @@ def test_defaults_and_override_types():
     (["train.max_steps=null"], "train.max_steps / train.max_tokens: set exactly one of them (got neither)"),
     (["train.trainable=lora"], "lora: missing; train.trainable=lora needs a lora section"),
     (["lora.r=8"], "lora: set, but train.trainable is 'all'"),
-    (["data.seq_len=0"], "data.seq_len: must be >= 1, got 0"),
+    (["data.seq_len=0"], "data.seq_len: must be >= 2, got 0"),
+    (["data.seq_len=1"], "data.seq_len: must be >= 2, got 1"),  # every label would be masked: nan loss
+    (["model.dtype=float16", "train.mixed_precision='no'"], "model.dtype: float16 weights trained without mixed"),
+    (["train.max_nonfinite_steps=0"], "train.max_nonfinite_steps: must be >= 1, got 0"),
     (["train.tokens_per_step=-4096"], "train.tokens_per_step: must be >= 1, got -4096"),
     (["train.tokens_per_step=3000"], "train.tokens_per_step: 3000 tokens is not a positive multiple of data.seq_len (2048)"),
     (["train.lr=0"], "train.lr: must be > 0"),

@@ -1,0 +1,77 @@
+"""Where a run starts: afresh in a directory it may claim, or from the newest intact checkpoint of a recipe
+that still describes the same run.
+
+On `--resume` the recipe given now is compared with the resolved recipe stored in the checkpoint. Fields
+in `MUTABLE` (how long to train, the learning-rate schedule from the next step on, clipping, how often
+to checkpoint and log, what to evaluate) are applied and recorded in the trainer state; a change to any
+other field (model, conversion, data, batch, seed, optimizer, stages, trainable parameters) would make
+the resumed run a different run, so it is refused with the list of differences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from . import checkpoint, run_dir
+from .errors import CheckpointError
+
+MUTABLE = ("name", "train.max_steps", "train.max_tokens", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
+           "train.schedule", "train.grad_clip", "train.gradient_checkpointing", "train.max_nonfinite_steps",
+           "checkpoint", "logging", "eval")
+"""Recipe fields (or whole sections) that may change between a run and its resumption."""
+
+
+def flatten(values, prefix: str = "") -> dict:
+    """{'section.field': value} for every leaf of a nested mapping (a section that is null is one leaf)."""
+    if isinstance(values, dict) and values:
+        out = {}
+        for key, value in values.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: values}
+
+
+def differences(stored: dict, current: dict) -> list[tuple[str, object, object]]:
+    """(field, stored value, current value) for every field that differs, in field order."""
+    old, new = flatten(stored), flatten(current)
+    unset = "(unset)"
+    keys = list(old) + [k for k in new if k not in old]
+    return [(k, old.get(k, unset), new.get(k, unset)) for k in keys if old.get(k, unset) != new.get(k, unset)]
+
+
+def is_mutable(field: str) -> bool:
+    return any(field == m or field.startswith(m + ".") for m in MUTABLE)
+
+
+def compare(recipe, found: Path, log: Callable[[str], None] = print) -> list[dict]:
+    """The applied changes `[{field, from, to}]` of `recipe` against the one `found` was trained with;
+    CheckpointError listing the fields that may not change."""
+    stored = yaml.safe_load((found / "recipe.yaml").read_text())
+    current = yaml.safe_load(yaml.safe_dump(recipe.to_dict(), sort_keys=False))  # tuples as lists, like stored
+    changes = differences(stored, current)
+    fixed = [c for c in changes if not is_mutable(c[0])]
+    if fixed:
+        lines = "\n".join(f"  {field}: {old!r} -> {new!r}" for field, old, new in fixed)
+        raise CheckpointError(
+            f"--resume: the recipe differs from the one {found.name} was trained with, in fields that cannot change "
+            f"mid-run:\n{lines}\nundo these changes to resume, or start a new run (--overwrite, or another "
+            "checkpoint.dir)")
+    for field, old, new in changes:
+        log(f"--resume: {field} changed from {old!r} to {new!r}; applied from step {checkpoint.step_of(found) + 1}")
+    return [{"field": f, "from": old, "to": new} for f, old, new in changes]
+
+
+def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], None] = print):
+    """(checkpoint to resume from or None, applied recipe changes) for a run in `recipe.checkpoint.dir`,
+    which the caller has locked. A fresh start claims the directory (see `run_dir.claim`)."""
+    root = Path(recipe.checkpoint.dir)
+    found = checkpoint.resumable(root, log) if resume else None
+    if found is None:
+        if resume:
+            log(f"--resume: no checkpoint in {root}; starting afresh")
+        run_dir.claim(root, overwrite, log)
+        return None, []
+    return found, compare(recipe, found, log)

@@ -1,0 +1,93 @@
+"""Data checks before any model loads: every broken file is named with its line and the fix, whether the
+check reads it first (`check_files`) or `datasets` trips over it later (`explain`)."""
+
+import gzip
+import json
+
+import pandas as pd
+import pytest
+
+from t2r.data import DataConfig, load_documents
+from t2r.data.check import DataError, check_files, check_rows
+from tests.data.conftest import char_tokenizer
+
+GOOD = '{"text": "a fine document"}\n'
+
+
+def write(path, data: bytes | str):
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.jsonl", b"", "empty.jsonl is empty: delete it or fill it"),
+    ("blank.jsonl", b"\n  \n\n", "holds no documents (every file is empty or blank)"),
+    ("bad.jsonl", GOOD + '{"text": broken}\n', "bad.jsonl, line 2: not valid JSON (Expecting value, column 10)"),
+    ("utf8.jsonl", GOOD + '{"text": "caf\xe9"}\n', None),
+    ("latin1.jsonl", GOOD.encode() + '{"text": "caf\xe9"}\n'.encode("latin-1"),
+     "latin1.jsonl, line 2: not UTF-8 text (byte 0xe9 at column 14); convert the file to UTF-8"),
+    ("list.jsonl", GOOD + "[1, 2]\n", "list.jsonl, line 2: a JSON list where an object is expected"),
+    ("number.jsonl", GOOD + '{"text": 7}\n', "number.jsonl, line 2: field 'text' holds int, not text"),
+    ("field.jsonl", '{"body": "x"}\n{"body": "y"}\n', "no line has the field 'text' (fields: 'body')"),
+    ("latin1.txt", "line one\nline two \xe9\n".encode("latin-1"), "latin1.txt, line 2: not UTF-8 text (byte 0xe9 at column 10)"),
+])
+def test_each_broken_file_is_named_with_its_line(tmp_path, name, content, message):
+    path = write(tmp_path / name, content)
+    if message is None:  # valid UTF-8 (the é was encoded as UTF-8): no error
+        assert check_files(DataConfig(path=str(path))) == 2
+        return
+    with pytest.raises(DataError) as info:
+        check_files(DataConfig(path=str(path)))
+    assert message in str(info.value)
+
+
+def test_a_broken_file_among_good_ones_and_compressed_and_parquet(tmp_path):
+    write(tmp_path / "a.jsonl", GOOD * 3)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as fh:
+        fh.write(GOOD + "not json\n")
+    with pytest.raises(DataError, match=r"b.jsonl.gz, line 2: not valid JSON"):
+        check_files(DataConfig(path=str(tmp_path)))
+    pd.DataFrame({"body": ["x"]}).to_parquet(tmp_path / "p.parquet")
+    with pytest.raises(DataError, match=r"p.parquet: no column 'text' \(columns: 'body'\)"):
+        check_files(DataConfig(path=str(tmp_path / "p.parquet")))
+    pd.DataFrame({"text": ["x", "y", " "]}).to_parquet(tmp_path / "q.parquet")
+    assert check_files(DataConfig(path=str(tmp_path / "q.parquet"))) == 2
+
+
+def test_held_out_taking_every_document_and_hub_ids(tmp_path):
+    path = write(tmp_path / "d.jsonl", GOOD * 4)
+    assert check_files(DataConfig(path=str(path), held_out=3)) == 4
+    with pytest.raises(DataError, match="data.held_out: 4 documents held out, but .* holds only 4"):
+        check_files(DataConfig(path=str(path), held_out=4))
+    assert check_files(DataConfig(path="org/some-dataset")) is None  # hub ids are checked when streamed
+
+
+def test_only_the_first_documents_are_read_and_datasets_errors_are_explained(tmp_path):
+    """A bad line past the sample passes `check_files` but not `datasets`; the error then names it."""
+    path = write(tmp_path / "late.jsonl", GOOD * 150 + "{oops\n")
+    cfg = DataConfig(path=str(path))
+    assert check_files(cfg) is None  # 100 documents read, not the whole file
+    with pytest.raises(DataError, match=r"late.jsonl, line 151: not valid JSON"):
+        list(load_documents(cfg, 0))
+    latin = write(tmp_path / "latin.jsonl", GOOD.encode() * 150 + '{"text": "\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.jsonl, line 151: not UTF-8 text"):
+        list(load_documents(DataConfig(path=str(latin)), 0))
+    (tmp_path / "empty").mkdir()
+    empty = write(tmp_path / "empty" / "e.jsonl", b"")
+    with pytest.raises(DataError, match="e.jsonl is empty"):
+        list(load_documents(DataConfig(path=str(empty)), 0))
+
+
+def test_check_rows_needs_one_packed_row_per_part(tmp_path):
+    rows = [{"text": "short"}] * 3 + [{"text": "a much longer document " * 4}] * 10
+    path = write(tmp_path / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    tok = char_tokenizer()
+    check_rows(DataConfig(path=str(path)), tok, seq_len=32, seed=0)
+    cfg = DataConfig(path=str(path), held_out=1)
+    docs = list(load_documents(cfg, 0, "validation"))
+    seq_len = len(docs[0]) + 2  # the held-out document (+ EOS) is one token short of a row
+    with pytest.raises(DataError, match=rf"data.held_out: the 1 held-out documents hold {len(docs[0]) + 1} tokens, "
+                                        rf"less than one row of data.seq_len={seq_len}"):
+        check_rows(cfg, tok, seq_len=seq_len, seed=0)
+    with pytest.raises(DataError, match="data: the training documents .* less than one row of data.seq_len=100000"):
+        check_rows(DataConfig(path=str(path)), tok, seq_len=100_000, seed=0)
