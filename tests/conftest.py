@@ -6,7 +6,19 @@ imports it (kernel tests then run at small shapes on fp32/fp16; bf16 is checked 
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real default source, loaded once per session; skips without network or cache."""
+    from t2r.sources import load_source
+
+    try:
+        return load_source("smollm2")
+    except RuntimeError as err:  # no network and no cached copy
+        pytest.skip(str(err))

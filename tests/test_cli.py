@@ -1,7 +1,7 @@
 """The `t2r` command line on a tiny local model: convert, report, save, generate; clear errors."""
 
 import json
-import torch
+
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -8,17 +8,8 @@ import pytest
 import torch
 
 import t2r
-from t2r.sources import load_source
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    try:
-        return load_source("smollm2")
-    except RuntimeError as err:  # no network and no cached copy
-        pytest.skip(str(err))
 
 
 def test_source_model_is_a_working_llama(smollm2):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
+"""Names `load_source` (transformers' `from_pretrained`) takes as they are."""
 
 
 def eval_dtype(name: str | None, device: str) -> str:
@@ -31,14 +30,14 @@ def load_pair(model_spec: str, baseline_spec: str | None, dtype: str, device: st
     """
     from t2r.sources import load_source
 
-    model, tokenizer = load_source(model_spec, dtype=DTYPES[dtype], device=device)
+    model, tokenizer = load_source(model_spec, dtype=dtype, device=device)
     explicit = baseline_spec is not None
     if baseline_spec is None:
         baseline_spec = default_baseline(model)
     if baseline_spec is None or baseline_spec.lower() == "none":
         return model, tokenizer, None, None, None
     try:
-        baseline, baseline_tokenizer = load_source(baseline_spec, dtype=DTYPES[dtype], device=device)
+        baseline, baseline_tokenizer = load_source(baseline_spec, dtype=dtype, device=device)
     except (OSError, ValueError, RuntimeError) as err:
         if explicit:
             raise

@@ -139,7 +139,7 @@ def markdown(results: dict) -> str:
         parts += ["## Summary", *summary, ""]
     if "perplexity" in results:
         p = results["perplexity"]
-        parts += [f"## Perplexity by position", "",
+        parts += ["## Perplexity by position", "",
                   f"{p['rows']} rows of {p['length']} tokens of `{p['data']}`"
                   + (" (documents packed end to end)" if p["pack"] else " (each a document's first tokens)")
                   + "; token perplexity per position bucket. Window rows: the baseline restricted to its last W "

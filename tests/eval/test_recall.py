@@ -151,15 +151,6 @@ def test_recall_accuracy_of_nothing_is_zero():
 # --- with SmolLM2's tokenizer and model (slow) ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from t2r.sources import load_source
-    try:
-        return load_source("smollm2")
-    except RuntimeError as err:  # no network and no cached copy
-        pytest.skip(str(err))
-
-
-@pytest.fixture(scope="module")
 def fresh_gsa(smollm2):
     return t2r.convert(smollm2[0], "gsa").eval()
 
