@@ -202,7 +202,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
         with accelerator.autocast():
             transfer_mse = attention_transfer(
                 accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
-                reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None)
+                reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None, params=stage1.params)
         if not math.isfinite(transfer_mse[-1]):
             raise NonFiniteError(f"attention transfer: the MSE is {transfer_mse[-1]} after {len(transfer_mse)} steps; "
                                  "lower stages.attention_transfer.lr")

@@ -14,6 +14,12 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def new_modules(attention: ConvertedAttention) -> nn.ModuleList:
+    """The parameterised submodules conversion added to one attention module (its gates)."""
+    return nn.ModuleList(child for name, child in attention.named_children()
+                         if name not in PROJECTIONS and any(True for _ in child.parameters()))
+
+
 def new_module_names(model: nn.Module) -> list[str]:
     """Names (relative to their attention module) of the parameterised submodules conversion added:
     GSA's slot gate, GLA's low-rank gate, FoX's forget gate; RetNet adds none."""

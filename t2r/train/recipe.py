@@ -112,7 +112,8 @@ class AttentionTransferSection:
 
     steps: int
     lr: float = 1e-3
-    RULES: ClassVar[dict] = {"steps": {"min": 1}, "lr": {"gt": 0}}
+    params: str = "attention"  # attention: q/k/v/o and the new gates; gates: the new gates only (pretrained q/k/v/o kept)
+    RULES: ClassVar[dict] = {"steps": {"min": 1}, "lr": {"gt": 0}, "params": {"choices": ("attention", "gates")}}
 
 
 @dataclass

@@ -5,7 +5,9 @@ the source model's own hidden states. All layers train at once and independently
     loss = mean over converted layers l of  MSE( student_l(x_l), teacher_l(x_l) )
 
 where x_l is the input of layer l's attention in the (frozen) source model, captured by a forward
-hook. Only the converted attention modules' trainable parameters move; one optimizer, its own lr.
+hook. Only the converted attention modules' trainable parameters move (all of them, or with
+`params="gates"` only the modules conversion added, so the pretrained q/k/v/o stay as they are);
+one optimizer, its own lr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from t2r.layers.base import ConvertedAttention
+
+from .model_setup import new_modules
 
 # the inputs of a converted attention module; the softmax mask and the KV cache stay with the teacher
 _PASSED = ("position_embeddings", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -39,17 +43,20 @@ def _decoder_layers(model: nn.Module):
 
 
 def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable[dict], steps: int, lr: float,
-                       reduce_grads=None, on_step=None) -> list[float]:
+                       reduce_grads=None, on_step=None, params: str = "attention") -> list[float]:
     """Train the converted attention layers of `student` to match `teacher`'s attention outputs for
     `steps` batches; returns the loss of each step. `reduce_grads(tensor)` (e.g. a mean over data-
     parallel processes) is applied to every gradient before the update."""
     pairs = layer_pairs(student, teacher)
     if not pairs:
         raise ValueError("stages.attention_transfer: the model has no converted layers")
-    params = [p for _, s, _ in pairs for p in s.parameters() if p.requires_grad]
+    if params not in ("attention", "gates"):
+        raise ValueError(f"stages.attention_transfer.params: {params!r}; choose attention or gates")
+    modules = [s if params == "attention" else new_modules(s) for _, s, _ in pairs]
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
     if not params:
         raise ValueError("stages.attention_transfer: no trainable parameter in the converted attention layers "
-                         "(train.trainable freezes them all)")
+                         "(train.trainable freezes them all, or params=gates on a mixer without gates)")
     captured: dict[int, tuple[dict, torch.Tensor]] = {}
 
     def capture(index):

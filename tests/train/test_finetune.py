@@ -112,6 +112,25 @@ def test_attention_transfer_trains_only_the_converted_attention():
     assert moved and all(n.startswith(("model.layers.0.self_attn.", "model.layers.2.self_attn.")) for n in moved)
 
 
+def test_attention_transfer_on_gates_only_keeps_the_pretrained_projections():
+    """params="gates": the new gates move, the reused q/k/v/o projections stay bit-identical; a mixer
+    without gates (RetNet) is refused."""
+    import t2r
+    from t2r.train.transfer import attention_transfer
+
+    teacher = tiny_source("llama")
+    student = t2r.convert(tiny_source("llama"), "gsa")
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    ids = torch.randint(3, 97, (1, 64), generator=torch.Generator().manual_seed(0))
+    losses = attention_transfer(student, teacher, [{"input_ids": ids}] * 5, steps=5, lr=1e-2, params="gates")
+    assert losses[-1] < losses[0], losses
+    moved = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(".self_attn." in n and not n.rsplit(".", 2)[-2].endswith("_proj") for n in moved), moved
+    with pytest.raises(ValueError, match="params=gates"):
+        attention_transfer(t2r.convert(tiny_source("llama"), "retnet"), teacher, [{"input_ids": ids}], steps=1,
+                           lr=1e-3, params="gates")
+
+
 def test_small_data_repeats_in_reshuffled_epochs_and_resumes_across_them(tmp_path, source_dir, corpus):
     """6 documents give a few micro-batches: the run goes on into later epochs, and an interrupted
     run resumed in a later epoch still matches the uninterrupted one."""
