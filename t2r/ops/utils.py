@@ -6,6 +6,7 @@ offending argument, the expected shape, and what to change.
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "RECURRENT_MAX_LEN",
@@ -127,28 +128,78 @@ def _cat_states(states: list) -> State:
     return torch.cat(states, dim=0)
 
 
+def segment_ids(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, length] index of the packed sequence each position belongs to."""
+    positions = torch.arange(length, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].to(positions.dtype), positions, right=True)[None]
+
+
 def map_over_sequences(fn: Callable, tensors: Sequence[torch.Tensor],
                        initial_state: Optional[State], output_final_state: bool,
-                       cu_seqlens: Optional[torch.Tensor]):
+                       cu_seqlens: Optional[torch.Tensor], segmented: bool = False):
     """Run `fn(*tensors, initial_state=, output_final_state=)` once per packed sequence.
 
-    Without cu_seqlens this is one plain call. With it, each sequence
-    [cu_seqlens[i], cu_seqlens[i+1]) runs on its own (so nothing crosses a
-    boundary) with state row i; outputs are concatenated along time and final
-    states along the sequence axis.
+    Without cu_seqlens this is one plain call. With it and a `segmented` fn (one that takes
+    `segments=`, `segment_ids`, and keeps sequences apart itself) and neither initial nor final
+    states, one call over the packed row. Otherwise the sequences [cu_seqlens[i], cu_seqlens[i+1])
+    run as rows of padded batches, never crossing a boundary, with state row i; outputs come back in
+    packed order and final states along the sequence axis. Sequences of similar length share a batch
+    (`_length_groups`): right padding with zeros is inert for every op of this package (a zero key or
+    write adds nothing, a zero log gate keeps the state), so outputs and final states are those of
+    each sequence alone, and one call per group replaces one per sequence.
     """
     if cu_seqlens is None:
         return fn(*tensors, initial_state=initial_state, output_final_state=output_final_state)
+    if segmented and initial_state is None and not output_final_state:
+        return fn(*tensors, initial_state=None, output_final_state=False,
+                  segments=segment_ids(cu_seqlens, tensors[0].shape[1]))
     bounds = cu_seqlens.tolist()
-    outputs, finals = [], []
-    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        o, final = fn(*(t[:, start:end] for t in tensors),
-                      initial_state=_state_row(initial_state, i),
-                      output_final_state=output_final_state)
-        outputs.append(o)
-        finals.append(final)
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    outputs, finals = [None] * len(lengths), [None] * len(lengths)
+    for group in _length_groups(lengths):
+        rows = [[t[0, bounds[i]:bounds[i + 1]] for i in group] for t in tensors]
+        batch = [torch.nn.utils.rnn.pad_sequence(parts, batch_first=True) for parts in rows] \
+            if len(group) > 1 else [parts[0].unsqueeze(0) for parts in rows]
+        state = None if initial_state is None else _take_rows(initial_state, group)
+        o, final = fn(*batch, initial_state=state, output_final_state=output_final_state)
+        for row, i in enumerate(group):
+            outputs[i] = o[row:row + 1, :lengths[i]]
+            finals[i] = _state_row(final, row) if output_final_state else None
     final_state = _cat_states(finals) if output_final_state else None
     return torch.cat(outputs, dim=1), final_state
+
+
+def _take_rows(state: State, rows: list) -> State:
+    index = torch.tensor(rows, device=(state[0] if isinstance(state, tuple) else state).device)
+    if isinstance(state, tuple):
+        return tuple(s.index_select(0, index) for s in state)
+    return state.index_select(0, index)
+
+
+def _length_groups(lengths: Sequence[int], max_padding: float = 0.5) -> list:
+    """Sequence indices grouped longest first, so that each group padded to its longest member adds
+    at most `max_padding` of padding over its real tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, tokens = [], 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + max_padding) * (tokens + lengths[i]):
+            groups[-1].append(i)
+            tokens += lengths[i]
+        else:
+            groups.append([i])
+            tokens = lengths[i]
+    return groups
+
+
+def recompute_in_backward(fn: Callable, *args, **kwargs):
+    """`fn(*args, **kwargs)`, keeping only its inputs for the backward pass, which runs it again
+    (`torch.utils.checkpoint`). The chunkwise PyTorch forms save [C, C] scores and gate factors per chunk,
+    5-10x their inputs; recomputing costs one more forward of the op and keeps training memory near
+    softmax attention's. A plain call when nothing needs a gradient."""
+    flat = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (tuple, list)) else (a,))]
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def prefer_recurrent(seq_len: int, *tensors: Optional[State]) -> bool:

@@ -52,6 +52,29 @@ def test_no_overflow_for_extreme_decay(make_log_decay, forward_backward, assert_
     assert_close(forward_backward(chunk_gla, inputs, h0), ref, FP32_RTOL)
 
 
+@pytest.mark.parametrize("form, gate", [("factored", "mild"), ("log_space", "mild"), ("log_space", "moderate")])
+def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, make_log_decay, forward_backward,
+                                                assert_close):
+    """The factored form (gates within FACTORED_LOG_RANGE per chunk) and the log-space form each,
+    forced by moving the range, against the step loop; the default picks factored for mild gates.
+    (Moderate gates sum to about -50 over a chunk: factored, their exp(-b_j) would overflow.)"""
+    from t2r.ops.gla import chunk as engine
+
+    calls = []
+    for name in ("_intra_chunk", "_intra_chunk_factored"):
+        real = getattr(engine, name)
+        monkeypatch.setattr(engine, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    if gate == "mild":
+        chunk_gla(**make_inputs(make_log_decay, 64, HQ=4, gate=gate)[0])
+        assert calls == ["_intra_chunk_factored"]
+    monkeypatch.setattr(engine, "FACTORED_LOG_RANGE", float("inf") if form == "factored" else -1.0)
+    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4, gate=gate)
+    ref = forward_backward(naive_recurrent_gla, inputs, h0)
+    calls.clear()
+    assert_close(forward_backward(chunk_gla, inputs, h0), ref, FP32_RTOL)
+    assert set(calls) == {"_intra_chunk_factored" if form == "factored" else "_intra_chunk"}
+
+
 @pytest.mark.parametrize("split", [1, 7, 64, 70])
 def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
     inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
@@ -64,10 +87,11 @@ def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
     assert_close(last, full_state, FP32_RTOL, "final state")
 
 
+@pytest.mark.parametrize("bounds", [[0, 7, 71, 130], [0, 200, 205, 355, 358, 422]])
 @pytest.mark.parametrize("fn", [gla, chunk_gla])
-def test_packed_sequences_equal_separate_runs(fn, make_log_decay, forward_backward, assert_close):
-    bounds = [0, 7, 71, 130]
-    inputs, _ = make_inputs(make_log_decay, 130, HQ=4, batch=1)
+def test_packed_sequences_equal_separate_runs(fn, bounds, make_log_decay, forward_backward, assert_close):
+    """The second packing's lengths (200, 5, 150, 3, 64) fall into several padded groups."""
+    inputs, _ = make_inputs(make_log_decay, bounds[-1], HQ=4, batch=1)
     h0 = torch.randn(len(bounds) - 1, H, K, V)
 
     def separate_runs(*tensors, initial_state, output_final_state):

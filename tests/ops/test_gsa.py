@@ -33,6 +33,17 @@ def test_chunk_and_public_match_reference_fp32(T, HQ, gate, make_log_decay, forw
     assert_close(forward_backward(gsa, inputs, h0), ref, FP32_RTOL)
 
 
+@pytest.mark.parametrize("form", ["factored", "log_space"])
+def test_both_intra_chunk_forms_match_reference(form, monkeypatch, make_log_decay, forward_backward, assert_close):
+    """Both passes through the factored form and through the log-space form, forced."""
+    from t2r.ops.gla import chunk as engine
+
+    monkeypatch.setattr(engine, "FACTORED_LOG_RANGE", float("inf") if form == "factored" else -1.0)
+    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4, gate="mild")
+    ref = forward_backward(naive_recurrent_gsa, inputs, h0)
+    assert_close(forward_backward(chunk_gsa, inputs, h0), ref, FP32_RTOL)
+
+
 def test_write_weights_tied_to_forgetting(make_log_decay, forward_backward, assert_close):
     """The GSA layer's parameterisation s = 1 - exp(g), with a non-default chunk size."""
     inputs, h0 = make_inputs(make_log_decay, 100, HQ=4)

@@ -30,6 +30,17 @@ segment they span (segment sums, suffix sums) rather than as differences of
 long prefix sums, which keeps the tiny gate gradients of fast-decaying heads
 accurate and gives exact-zero exponents no gradient at all.
 
+Two intra-chunk forms, chosen per call (same math, same results to fp32 rounding):
+
+* factored (fast, lean): when every per-channel gate sums to no less than
+  -FACTORED_LOG_RANGE over each chunk, exp(b_i - b_j) = exp(b_i) * exp(-b_j)
+  with both factors within [exp(-R), exp(R)], so P = (Q (.) Lambda)(K / Lambda)^T
+  is one matmul per chunk, as the inter-chunk part (fla's chunk kernels take the
+  same reference). Memory and work are O(C K) per chunk;
+* log-space (exact for any gate): the secondary chunking above, whose diagonal
+  blocks materialise [C, c, K] segment decays. It serves strong decays, where
+  exp(-b_j) would overflow.
+
 GQA: q is viewed as [.., H, G, K] and the G query heads of a group share the
 kv head's state in every matmul; k/v/gates/state are never repeated.
 """
@@ -39,11 +50,16 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..utils import check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences
+from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
+                     recompute_in_backward)
 
 __all__ = ["chunk_gla", "chunk_gated_linear_attention", "check_gla_inputs"]
 
 SUB_CHUNK_SIZE = 16
+FACTORED_LOG_RANGE = 20.0
+"""Largest total per-channel log decay over one chunk for which the factored intra-chunk form is used:
+its factors stay within exp(+-20) (no overflow or underflow in fp32) and the exponents' rounding costs
+at most ~1e-6 relative error per term."""
 
 
 def _to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -163,10 +179,11 @@ def _value_gated_mix(scores: torch.Tensor, v: torch.Tensor, gv: torch.Tensor, su
     return out.reshape(*lead, C, G, V)
 
 
-def _intra_chunk(q, k, v, g, gk, gv, sub: int) -> torch.Tensor:
+def _intra_chunk(q, k, v, g, gk, gv, sub: int, same=None) -> torch.Tensor:
     """Output of each chunk from its own keys/values only: [B, H, N, C, G, V].
 
-    g [.., C, 1], gk [.., C, K], gv [.., C, V]: per-step log gates or None.
+    g [.., C, 1], gk [.., C, K], gv [.., C, V]: per-step log gates or None; same [.., C, 1, C]: which
+    pairs (i, j) lie in one packed sequence, or None.
     """
     C = k.shape[-2]
     if gk is None:
@@ -177,16 +194,52 @@ def _intra_chunk(q, k, v, g, gk, gv, sub: int) -> torch.Tensor:
         scores = scores * _segment_decay(g).squeeze(-1).unsqueeze(-2)
     elif gk is None:
         scores = scores.masked_fill(~_causal(C, q.device).unsqueeze(-2), 0.0)
+    if same is not None:
+        scores = scores * same
     if gv is None:
         return torch.einsum("...igj,...jv->...igv", scores, v)
     return _value_gated_mix(scores, v, gv, sub)
 
 
-def _scan_chunk_states(k, v, key_step, value_step, initial_state):
+def _intra_chunk_factored(q, q_from_start, k, v, g, key_prefix, value_prefix, same=None) -> torch.Tensor:
+    """`_intra_chunk` for gates whose chunk totals are >= -FACTORED_LOG_RANGE: [B, H, N, C, G, V].
+
+    q_from_start = Q (.) exp(b^k) (already formed for the inter-chunk part); key_prefix / value_prefix
+    are the in-chunk prefix sums b^k [.., C, K] / b^v [.., C, V] or None; g [.., C, 1] a scalar decay
+    or None. For j < i, P_ij = sum_k (q_ik e^{b_ik}) (k_jk e^{-b_jk}), and with a value-side decay
+    o_iv = e^{b_iv} sum_{j<i} P_ij (v_jv e^{-b_jv}); `same` masks pairs across packed sequences. The diagonal (decay exactly 1) is added apart,
+    as q_i . k_i times v_i, so it carries no rounding of the factors and sends no gradient to the gates.
+    """
+    C = k.shape[-2]
+    k_ref = k if key_prefix is None else k * (-key_prefix).exp()
+    scores = torch.einsum("...igk,...jk->...igj", q_from_start, k_ref)
+    if g is not None:
+        scores = scores * _segment_decay(g).squeeze(-1).unsqueeze(-2)
+    scores = scores.masked_fill(~_causal(C, k.device, strict=True).unsqueeze(-2), 0.0)
+    if same is not None:
+        scores = scores * same
+    diag = torch.einsum("...igk,...ik->...ig", q, k).unsqueeze(-1) * v.unsqueeze(-2)      # [.., C, G, V]
+    if value_prefix is None:
+        return torch.einsum("...igj,...jv->...igv", scores, v) + diag
+    out = torch.einsum("...igj,...jv->...igv", scores, v * (-value_prefix).exp())
+    return out * value_prefix.exp().unsqueeze(-2) + diag
+
+
+def _factored_fits(*prefixes: Optional[torch.Tensor]) -> bool:
+    """True when every chunk's total per-channel log decay is >= -FACTORED_LOG_RANGE."""
+    for prefix in prefixes:
+        if prefix is not None and prefix.numel() and bool(prefix[..., -1, :].min() < -FACTORED_LOG_RANGE):
+            return False
+    return True
+
+
+def _scan_chunk_states(k, v, key_step, value_step, initial_state, segments=None):
     """Sequential inter-chunk recurrence (sec. 4.2); returns (state before each chunk, last state).
 
     key_step [.., C, K or 1] (gk and scalar g merged) and value_step [.., C, V]
-    are the per-step log gates of each chunk, or None.
+    are the per-step log gates of each chunk, or None. With `segments` (`_segment_masks`), a chunk
+    that holds the start of a packed sequence drops the carried state and writes only the keys of
+    its last sequence.
     """
     B, H, N = k.shape[:3]
     K, V = k.shape[-1], v.shape[-1]
@@ -197,14 +250,42 @@ def _scan_chunk_states(k, v, key_step, value_step, initial_state):
     if value_step is not None:
         v = v * _decay_to_end(value_step).exp()
         log_decay = log_decay + value_step.sum(-2).unsqueeze(-2)
+    if segments is not None:
+        k = k * segments.in_last.unsqueeze(-1)
     updates = torch.einsum("...ck,...cv->...kv", k, v)          # [B, H, N, K, V]
     decay = log_decay.exp()
+    if segments is not None:
+        decay = decay * segments.carry.unsqueeze(-1).unsqueeze(-1)
     state = k.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
     starts = []
     for n in range(N):
         starts.append(state)
         state = decay[:, :, n] * state + updates[:, :, n]
     return torch.stack(starts, dim=2), state
+
+
+class _SegmentMasks:
+    """Where packed sequences meet, per chunk (segment ids of one flattened row, [B, T]):
+
+    * `same` [B, 1, N, C, 1, C]: i and j lie in one sequence (intra-chunk pairs kept);
+    * `reads_carry` [B, 1, N, C, 1, 1]: position i continues the sequence the carried state belongs to;
+    * `in_last` [B, 1, N, C]: key j belongs to the chunk's last sequence (written into the next state);
+    * `carry` [B, 1, N]: the chunk holds no sequence start, so the carried state decays on (else reset).
+
+    Decays need no masking: every pair kept spans gates of a single sequence.
+    """
+
+    def __init__(self, segments: torch.Tensor, chunk_size: int):
+        B, T = segments.shape
+        pad = -T % chunk_size
+        seg = F.pad(segments, (0, pad), value=int(segments[0, -1])) if pad else segments   # padding: inert
+        seg = seg.reshape(B, 1, -1, chunk_size)                                             # [B, 1, N, C]
+        last = seg[..., -1]
+        before = torch.cat([seg[..., :1, 0], last[..., :-1]], dim=-1)   # the carried state's sequence
+        self.same = (seg.unsqueeze(-1) == seg.unsqueeze(-2)).unsqueeze(-2)
+        self.reads_carry = (seg == before.unsqueeze(-1))[..., None, None]
+        self.in_last = (seg == last.unsqueeze(-1)).float()
+        self.carry = (before == last).float()
 
 
 def chunk_gated_linear_attention(
@@ -219,11 +300,14 @@ def chunk_gated_linear_attention(
     initial_state: Optional[torch.Tensor] = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    segments: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Engine for one batch of equal-length sequences (no checks, no varlen).
+    """Engine for one batch of equal-length rows (no checks).
 
     q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V]; g [B,T,H], gk [B,T,H,K], gv [B,T,H,V]
-    log gates, each optional; initial_state [B,H,K,V]. Returns the output in
+    log gates, each optional; initial_state [B,H,K,V]. `segments` [B, T] (non-decreasing ids) packs
+    several sequences into each row: nothing crosses from one id to the next, and the final state is
+    the last sequence's (`t2r.ops.utils.segment_ids` makes them from cu_seqlens). Returns the output in
     fp32 [B,T,HQ,V] (callers cast) and the fp32 final state or None.
     """
     if chunk_size < 1:
@@ -238,15 +322,26 @@ def chunk_gated_linear_attention(
     gv_step = _to_chunks(gv, chunk_size) if gv is not None else None            # [B,H,N,C,V]
     # Scalar and key-channel decays act the same way between chunks: merge them.
     key_step = gk_step if g_step is None else (g_step if gk_step is None else gk_step + g_step)
-    starts, final = _scan_chunk_states(kc, vc, key_step, gv_step, initial_state)
+    masks = None if segments is None else _SegmentMasks(segments, chunk_size)
+    starts, final = _scan_chunk_states(kc, vc, key_step, gv_step, initial_state, masks)
 
     # Inter-chunk output (Q (.) Lambda) S_[n], Lambda_i = exp(b_i), b_i = sum_{s <= i} g_s.
-    q_from_start = qc if key_step is None else qc * key_step.cumsum(-2).exp().unsqueeze(-2)
+    key_prefix = key_step.cumsum(-2) if key_step is not None else None
+    value_prefix = gv_step.cumsum(-2) if gv_step is not None else None
+    q_from_start = qc if key_prefix is None else qc * key_prefix.exp().unsqueeze(-2)
     o_inter = torch.einsum("...cgk,...kv->...cgv", q_from_start, starts)
-    if gv_step is not None:
-        o_inter = o_inter * gv_step.cumsum(-2).exp().unsqueeze(-2)
-    o = o_inter + _intra_chunk(qc, kc, vc, g_step, gk_step, gv_step, sub)
-    return _from_chunks(o, T), (final if output_final_state else None)
+    if value_prefix is not None:
+        o_inter = o_inter * value_prefix.exp().unsqueeze(-2)
+    if masks is not None:
+        o_inter = o_inter * masks.reads_carry
+    same = None if masks is None else masks.same
+    gk_prefix = None if gk_step is None else (key_prefix if g_step is None else gk_step.cumsum(-2))
+    if _factored_fits(gk_prefix, value_prefix):
+        q_gk = qc if gk_prefix is None else (q_from_start if g_step is None else qc * gk_prefix.exp().unsqueeze(-2))
+        o_intra = _intra_chunk_factored(qc, q_gk, kc, vc, g_step, gk_prefix, value_prefix, same)
+    else:
+        o_intra = _intra_chunk(qc, kc, vc, g_step, gk_step, gv_step, sub, same)
+    return _from_chunks(o_inter + o_intra, T), (final if output_final_state else None)
 
 
 def chunk_gla(
@@ -264,12 +359,12 @@ def chunk_gla(
     """Chunkwise GLA with per-key-channel decay g [B,T,H,K]; same contract as `t2r.ops.gla`."""
     K = check_gla_inputs("chunk_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 
-    def run(q, k, v, g, initial_state, output_final_state):
-        return chunk_gated_linear_attention(
-            q, k, v, gk=g, scale=default_scale(scale, K), initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size)
+    def run(q, k, v, g, initial_state, output_final_state, segments=None):
+        return recompute_in_backward(
+            chunk_gated_linear_attention, q, k, v, gk=g, scale=default_scale(scale, K), initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size, segments=segments)
 
-    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens)
+    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens, segmented=True)
     return o.to(v.dtype), final
 
 

@@ -16,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..gla.chunk import chunk_gated_linear_attention
-from ..utils import check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences
+from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
+                     recompute_in_backward)
 
 __all__ = ["chunk_gsa", "check_gsa_inputs"]
 
@@ -46,16 +47,16 @@ def check_gsa_inputs(op: str, q, k, v, s, g, initial_state, cu_seqlens) -> Tuple
 
 
 def gsa_two_pass(q, k, v, s, g, *, scale: float, initial_state: Optional[GSAState] = None,
-                 output_final_state: bool = False, chunk_size: int = 64):
-    """Both GLA passes for one batch of equal-length sequences; output in fp32."""
+                 output_final_state: bool = False, chunk_size: int = 64, segments=None):
+    """Both GLA passes for one batch of equal-length rows (`segments`: packed sequences); output in fp32."""
     key_slots, value_slots = (None, None) if initial_state is None else initial_state
     logits, key_slots = chunk_gated_linear_attention(
         q, k, s, gv=g, scale=scale, initial_state=key_slots,
-        output_final_state=output_final_state, chunk_size=chunk_size)
+        output_final_state=output_final_state, chunk_size=chunk_size, segments=segments)
     slot_weights = logits.softmax(dim=-1)                                  # o' [B, T, HQ, M]
     o, value_slots = chunk_gated_linear_attention(
         slot_weights, s, v, gk=g, scale=1.0, initial_state=value_slots,
-        output_final_state=output_final_state, chunk_size=chunk_size)
+        output_final_state=output_final_state, chunk_size=chunk_size, segments=segments)
     return o, ((key_slots, value_slots) if output_final_state else None)
 
 
@@ -77,9 +78,11 @@ def chunk_gsa(
     if initial_state is not None:
         initial_state = tuple(initial_state)
 
-    def run(q, k, v, s, g, initial_state, output_final_state):
-        return gsa_two_pass(q, k, v, s, g, scale=default_scale(scale, K), initial_state=initial_state,
-                            output_final_state=output_final_state, chunk_size=chunk_size)
+    def run(q, k, v, s, g, initial_state, output_final_state, segments=None):
+        return recompute_in_backward(gsa_two_pass, q, k, v, s, g, scale=default_scale(scale, K),
+                                     initial_state=initial_state, output_final_state=output_final_state,
+                                     chunk_size=chunk_size, segments=segments)
 
-    o, final = map_over_sequences(run, (q, k, v, s, g), initial_state, output_final_state, cu_seqlens)
+    o, final = map_over_sequences(run, (q, k, v, s, g), initial_state, output_final_state, cu_seqlens,
+                                  segmented=True)
     return o.to(v.dtype), final

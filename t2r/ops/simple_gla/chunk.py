@@ -9,7 +9,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..gla.chunk import chunk_gated_linear_attention
-from ..utils import check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences
+from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
+                     recompute_in_backward)
 
 __all__ = ["chunk_simple_gla", "check_simple_gla_inputs"]
 
@@ -39,10 +40,10 @@ def chunk_simple_gla(
     """Chunkwise simple GLA with g [B,T,H]; same contract as `t2r.ops.simple_gla`."""
     K = check_simple_gla_inputs("chunk_simple_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 
-    def run(q, k, v, g, initial_state, output_final_state):
-        return chunk_gated_linear_attention(
-            q, k, v, g=g, scale=default_scale(scale, K), initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size)
+    def run(q, k, v, g, initial_state, output_final_state, segments=None):
+        return recompute_in_backward(
+            chunk_gated_linear_attention, q, k, v, g=g, scale=default_scale(scale, K), initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size, segments=segments)
 
-    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens)
+    o, final = map_over_sequences(run, (q, k, v, g), initial_state, output_final_state, cu_seqlens, segmented=True)
     return o.to(v.dtype), final
