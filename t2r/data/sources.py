@@ -13,6 +13,8 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from t2r.paths import is_local  # the one local-path vs hub-id rule (re-exported here)
+
 from .check import explain
 from .config import DataConfig
 
@@ -22,7 +24,6 @@ if TYPE_CHECKING:
 BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet"}
 """File suffix -> `datasets` builder. json and text files may also be compressed (see COMPRESSIONS)."""
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # decompressed by datasets on the fly (.zst needs `zstandard`)
-GLOB_CHARS = "*?["
 PARTS = ("train", "validation")
 _SUPPORTED = ".txt, .jsonl, .json (each optionally .gz/.bz2/.xz/.zst) and .parquet"
 
@@ -70,18 +71,6 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
     if columns is not None and cfg.text_field not in columns:
         raise ValueError(_missing_field(cfg, columns))
     return dataset
-
-
-def is_local(path: str) -> bool:
-    """Local if it exists or is a glob; a missing path that looks like a file path is an error, not a hub id."""
-    if os.path.exists(path) or any(c in path for c in GLOB_CHARS):
-        return True
-    if path.startswith((".", "/", "~")) or _has_data_suffix(path):
-        raise FileNotFoundError(
-            f"data path {path!r} does not exist: give an existing file, directory or glob "
-            f"(or a hub dataset id such as 'cerebras/SlimPajama-627B')"
-        )
-    return False
 
 
 def local_files(path: str) -> tuple[str, list[str]]:
@@ -164,11 +153,6 @@ def _builder(path: str) -> str | None:
             if name.endswith(suffix + compression) and not (builder == "parquet" and compression):
                 return builder
     return None
-
-
-def _has_data_suffix(path: str) -> bool:
-    name = path.lower()
-    return any(name.endswith(s + c) for s in BUILDERS for c in ("", *COMPRESSIONS))
 
 
 def _supported_hint(path: str) -> str:

@@ -6,7 +6,7 @@ safetensors, optimizer and AMP scaler as tensors), each process's RNG states as 
 accelerate's pickle), the trainer state (step, tokens, recipe changes) as JSON and the resolved recipe; last,
 `manifest.json` records the size and SHA-256 of every file. Then the directory is renamed into place in
 one step, so `step-N` is complete or absent; a crash leaves at most a `.tmp-*` directory, which the
-next save removes.
+next save removes. Files get the mode the user's umask gives (safetensors alone would write 0600).
 
 `verify` re-reads every file against the manifest and refuses files that only pickle can restore;
 `resumable` returns the newest checkpoint that passes and moves damaged ones to `damaged/`, saying what
@@ -15,14 +15,19 @@ was wrong. `load` restores it inside `no_code_from_disk()`.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
+
+from t2r.outputs import follow_umask
 
 from . import rng
 from .errors import CheckpointError
@@ -70,7 +75,8 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
         for stale in root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    with _tied_weights_note_silenced(accelerator):
+        accelerator.save_state(str(tmp))
     rank = accelerator.process_index
     (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
     rng.save(tmp, rank)
@@ -78,6 +84,7 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
     if accelerator.is_main_process:
         if write_extra is not None:
             write_extra(tmp)
+        follow_umask(tmp)
         _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
         _write_synced(tmp / MANIFEST, json.dumps({"format": 1, "files": _inventory(tmp)}, indent=1))
         if final.exists():  # the same step saved again (a resumed run): replace it
@@ -95,6 +102,21 @@ def prune(root: Path, keep_last: int, current: Path) -> None:
     older = [c for c in checkpoints(root) if step_of(c) < step_of(current)]
     for old in older[:max(0, len(older) - (keep_last - 1))]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_after_final(root: Path, final: Path) -> list[Path]:
+    """`checkpoint.keep_last: 0`: once `final` (the trained model, renamed into place) is on disk, delete
+    every checkpoint; the files of `final` and the directories are flushed first, so a crash at any point
+    leaves the final model or the newest checkpoint. Returns what was deleted."""
+    for path in sorted(p for p in final.rglob("*") if p.is_file()):
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(final)
+    _fsync_dir(root)
+    removed = checkpoints(root)
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
 
 
 def verify(checkpoint: Path) -> str | None:
@@ -163,6 +185,42 @@ def load(accelerator, checkpoint: Path) -> dict:
         # (torch.distributed.checkpoint's CheckpointException derives from BaseException)
         raise CheckpointError(f"cannot resume from {checkpoint}: {type(err).__name__}: {err}") from err
     return read_state(checkpoint)
+
+
+class _TiedWeightsNote(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {...} while saving. This should be OK, but check ..." when
+    every name it lists is a tied weight the model declares (`lm_head.weight` of tied embeddings): safetensors
+    stores a shared tensor once, and loading the model re-ties it."""
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Removed shared tensor" not in message:
+            return True
+        try:
+            names = ast.literal_eval(message[message.index("{"):message.index("}") + 1])
+        except (ValueError, SyntaxError):
+            return True
+        return not all(any(name == t or name.endswith("." + t) for t in self.tied) for name in names)
+
+
+@contextmanager
+def _tied_weights_note_silenced(accelerator):
+    tied = set()
+    for model in accelerator._models:
+        model = accelerator.unwrap_model(model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+        tied.update(getattr(model, "all_tied_weights_keys", None) or {})
+    logger = logging.getLogger("accelerate.utils.other")
+    note = _TiedWeightsNote(tied)
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
 
 
 def _inventory(directory: Path) -> dict:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from t2r.outputs import follow_umask
+
 PEFT_PREFIX = "base_model.model."
 
 
@@ -55,6 +57,7 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     unwrapped.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     write_extra(tmp)
+    follow_umask(tmp)  # safetensors writes model.safetensors 0600
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

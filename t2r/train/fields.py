@@ -85,6 +85,18 @@ def coerce(value, tp, path: str):
     raise TypeError(f"{path}: unsupported field type {tp!r}")
 
 
+BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
+"""Words YAML 1.1 (PyYAML) reads as booleans when bare: `mixed_precision: no` arrives as False."""
+
+
+def bool_word(value, choices):
+    """A boolean back as the word it was written as, when `choices` (strings) hold one of its words:
+    `train.mixed_precision=no` means the choice "no", not False."""
+    if isinstance(value, bool) and choices:
+        return next((word for word in BOOL_WORDS[value] if word in choices), value)
+    return value
+
+
 def check_rules(value, rules: dict, path: str) -> None:
     if value is None:
         return
@@ -114,8 +126,9 @@ def build(cls, data: dict, path: str = ""):
                 kind = "section" if dataclasses.is_dataclass(hints[name]) else "field"
                 raise RecipeError(f"{join(name)}: missing required {kind}")
             continue
-        values[name] = coerce(data[name], hints[name], join(name))
-        check_rules(values[name], getattr(cls, "RULES", {}).get(name, {}), join(name))
+        rules = getattr(cls, "RULES", {}).get(name, {})
+        values[name] = coerce(bool_word(data[name], rules.get("choices")), hints[name], join(name))
+        check_rules(values[name], rules, join(name))
     try:
         return cls(**values)
     except ValueError as err:  # a section's own checks (EvalSettings.check)

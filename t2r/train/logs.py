@@ -1,10 +1,14 @@
-"""What a run reports as it goes: the progress bar, `metrics.jsonl` (one JSON object per optimizer step;
-a skipped non-finite step has `"loss": null` and `"skipped": true`), tracker config, and `loss.png`."""
+"""What a run reports as it goes: the progress bar (on a terminal; elsewhere one plain line per logging
+step), `metrics.jsonl` (one JSON object per optimizer step; a skipped non-finite step has `"loss": null` and
+`"skipped": true`; last, `{"step", "tokens", "held_out_loss", "held_out_ppl"}` when the recipe holds
+documents out), tracker config, and `loss.png`."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 
@@ -20,10 +24,60 @@ def flat(recipe) -> dict:
     return out
 
 
-def progress(total: int, start: int, enabled: bool):
-    from tqdm.auto import tqdm
+class Progress:
+    """Training progress: a tqdm bar when `stream` (stderr) is a terminal; otherwise (a log file, `nohup`),
+    where a bar's carriage returns pile up into one huge line, one plain line on stdout every `every` steps
+    and at the last step."""
 
-    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
+    def __init__(self, total: int, start: int, enabled: bool, every: int = 1, stream=None):
+        self.total, self.every, self.enabled = total, every, enabled
+        self.started, self.start = time.perf_counter(), start
+        stream = sys.stderr if stream is None else stream
+        self.bar = None
+        if enabled and _is_terminal(stream):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=stream)
+
+    def step(self, metrics: dict) -> None:
+        loss = "skipped" if metrics.get("skipped") else f"{metrics['loss']:.3f}"
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=loss, lr=f"{metrics['lr']:.2e}", tok_s=f"{metrics['tokens_per_s']:,.0f}")
+            return
+        step = metrics["step"]
+        if not self.enabled or (step % self.every and step != self.total):
+            return
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / (step - self.start) * (self.total - step) if step > self.start else 0.0
+        print(f"step {step}/{self.total}  loss {loss}  lr {metrics['lr']:.2e}  "
+              f"grad_norm {_number(metrics.get('grad_norm'))}  {metrics['tokens_per_s']:,.0f} tok/s  "
+              f"{metrics['tokens']:,} tokens  elapsed {_duration(elapsed)}  left {_duration(left)}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress(total: int, start: int, enabled: bool, every: int = 1) -> Progress:
+    return Progress(total, start, enabled, every)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def _number(value) -> str:
+    return "nan" if value is None else f"{value:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
 def finite_or_none(value: float) -> float | None:
@@ -45,17 +99,28 @@ def read_history(path: Path, up_to_step: int) -> list[dict]:
     return rows
 
 
-def plot(history: list[dict], path: Path, title: str) -> None:
+def held_out_row(step: int, tokens: int, loss: float) -> dict:
+    """The `metrics.jsonl` record of the held-out loss, measured once after the last step."""
+    return {"step": step, "tokens": tokens, "held_out_loss": finite_or_none(loss),
+            "held_out_ppl": finite_or_none(math.exp(min(loss, 50))) if math.isfinite(loss) else None}
+
+
+MATPLOTLIB_MISSING = ("logging.plot: matplotlib is not installed, so {path} was not drawn (the losses are in "
+                      "metrics.jsonl); pip install matplotlib (or t2r[train]) to get it, or set logging.plot=false")
+
+
+def plot(history: list[dict], path: Path, title: str) -> str | None:
+    """Draw the training loss against tokens into `path`; None, or why it was not drawn (matplotlib missing)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional (pip install t2r[eval])
-        return
+    except ImportError:
+        return MATPLOTLIB_MISSING.format(path=path)
     rows = [r for r in history if r.get("loss") is not None]
     if not rows:
-        return
+        return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["tokens"] / 1e6 for r in rows], [r["loss"] for r in rows])
     ax.set(xlabel="tokens (M)", ylabel="training loss", title=title)

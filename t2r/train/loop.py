@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from t2r.data import PackedSequences, collate_packed, load_documents
 from t2r.data.check import check_files, check_rows
+from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
@@ -112,13 +113,15 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         raise ValueError(f"--resume and --overwrite exclude each other: --resume continues the run in "
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
     accelerator = _accelerator(recipe)
-    on_main(accelerator, lambda: _check_data(recipe))  # before the model loads, and before the directory is made
+    with quiet_libraries():
+        on_main(accelerator, lambda: _check_data(recipe))  # before the model loads, and before the directory is made
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
     try:
         note = on_main(accelerator, lock.acquire if lock else None)
         if note:
             accelerator.print(note)
-        return _train(recipe, accelerator, resume, overwrite, callbacks)
+        with quiet_libraries():
+            return _train(recipe, accelerator, resume, overwrite, callbacks)
     finally:
         if lock is not None:
             lock.release()
@@ -213,7 +216,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     guard.total = state["skipped_steps"]
     lr_at = partial(lr_factor, warmup_steps=train.warmup_steps, total_steps=total_steps, schedule=train.schedule,
                     min_lr_ratio=train.min_lr_ratio)
-    progress = logs.progress(total_steps, step, accelerator.is_main_process)
+    progress = logs.progress(total_steps, step, accelerator.is_main_process, recipe.logging.every_steps)
     model.train()
     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
     metrics = {"step": step, "tokens": tokens}
@@ -248,9 +251,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
         if not update:
             metrics["skipped"] = True
         window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-        progress.update(1)
-        progress.set_postfix(loss="skipped" if not update else f"{metrics['loss']:.3f}", lr=f"{lr:.2e}",
-                             tok_s=f"{metrics['tokens_per_s']:,.0f}")
+        progress.step(metrics)
         if accelerator.is_main_process:
             history.append(metrics)
             logs.append_jsonl(root / "metrics.jsonl", metrics)
@@ -260,7 +261,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
             _require_finite(model, accelerator, step, root)
             state.update(step=step, tokens=tokens, skipped_steps=guard.total)
             checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
-                            keep_last=recipe.checkpoint.keep_last)
+                            keep_last=max(1, recipe.checkpoint.keep_last))  # 0: the newest until final/ is written
         for callback in callbacks:
             callback(metrics)
     progress.close()
@@ -274,12 +275,24 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
     accelerator.wait_for_everyone()
-    save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
+    out = save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
     if accelerator.is_main_process:
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
+        measured = any("held_out_loss" in r and r["step"] == step for r in history)  # a finished run resumed
+        if "validation_loss" in final and not measured:
+            logs.append_jsonl(root / "metrics.jsonl", logs.held_out_row(step, tokens, final["validation_loss"]))
+        if recipe.checkpoint.keep_last == 0:
+            removed = checkpoint.remove_after_final(root, out)
+            if removed:
+                accelerator.print(f"checkpoint.keep_last=0: deleted {', '.join(p.name for p in removed)}, {out} is "
+                                  "written (--resume cannot extend this run)")
         if recipe.logging.plot:
-            logs.plot(history, root / "loss.png", recipe.name)
+            skipped = logs.plot(history, root / "loss.png", recipe.name)
+            if skipped:
+                accelerator.print(skipped)
     if recipe.logging.trackers:
+        if "validation_loss" in final:
+            accelerator.log({"held_out_loss": final["validation_loss"]}, step=step)
         accelerator.end_training()
     return final
 

@@ -7,7 +7,7 @@ Validation is generic over the dataclass fields and their type hints (`t2r.train
 
 from __future__ import annotations
 
-import glob
+import importlib.util
 import os
 import re
 import typing
@@ -20,6 +20,7 @@ import yaml
 from t2r.data.config import DataConfig
 from t2r.eval.suite import HELD_OUT, EvalSettings
 from t2r.layers.options import MIXERS, MixerOptions
+from t2r.paths import check_model_spec, is_local
 
 from .fields import RecipeError, build, coerce, plain, suggest
 
@@ -29,7 +30,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
 TRAINABLE = ("all", "attention", "gates", "lora")
 TRACKERS = ("tensorboard", "wandb")
-LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet", ".gz", ".csv", ".arrow", ".gguf", ".safetensors")
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+"""The packages accelerate looks for to run each tracker (any one of them)."""
 _LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
 _LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
 
@@ -133,8 +135,8 @@ class StagesSection:
 class CheckpointSection:
     dir: str = "runs/{name}"  # {name} is replaced by the recipe name
     every_steps: int = 500
-    keep_last: int = 2
-    RULES: ClassVar[dict] = {"dir": {"nonempty": True}, "every_steps": {"min": 1}, "keep_last": {"min": 1}}
+    keep_last: int = 2  # 0: only the newest while training, none once final/ is written (no --resume after)
+    RULES: ClassVar[dict] = {"dir": {"nonempty": True}, "every_steps": {"min": 1}, "keep_last": {"min": 0}}
 
 
 @dataclass
@@ -183,10 +185,11 @@ class Recipe:
 
 
 
-def is_local_path(path: str) -> bool:
-    """True for paths meant as local files or directories; hub ids like `cerebras/SlimPajama-627B` are not."""
-    return (os.path.exists(os.path.expanduser(path)) or path.startswith((".", "/", "~"))
-            or path.lower().endswith(LOCAL_SUFFIXES))
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent that is not a package; a module without a spec
+        return False
 
 
 def _check_recipe(recipe: Recipe, check_files: bool) -> None:
@@ -227,6 +230,10 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
             MixerOptions.resolve(convert.target, **convert.options)
         except (ValueError, TypeError) as err:
             raise RecipeError(f"convert.options: {err}") from None
+    for tracker in recipe.logging.trackers:  # accelerate would only warn, then log nothing
+        if not any(map(_installed, TRACKER_PACKAGES[tracker])):
+            raise RecipeError(f"logging.trackers: {tracker} is not installed (pip install {tracker}); or remove it: "
+                              "metrics.jsonl and loss.png hold the curves")
     if recipe.eval is not None:
         if recipe.eval.data == HELD_OUT and not recipe.data.held_out:
             raise RecipeError(f"eval.data: {HELD_OUT!r} scores the recipe's held-out documents; set data.held_out "
@@ -236,13 +243,17 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
         except (ValueError, ImportError) as err:
             raise RecipeError(f"eval: {err}") from None
     if check_files:
-        source = recipe.model.source  # hub ids and "smollm2" are not files
-        source_local = source.startswith((".", "/", "~")) or source.lower().endswith(".gguf")
-        for path, value, local in (("data.path", recipe.data.path, is_local_path(recipe.data.path)),
-                                   ("model.source", source, source_local)):
-            if local and not glob.glob(os.path.expanduser(value)):  # a file, directory or glob
-                raise RecipeError(f"{path}: {value!r} does not exist (relative paths are from {os.getcwd()}); "
-                                  "fix the path or use a hub id")
+        from t2r.data.sources import local_files
+
+        try:  # one rule for local paths vs hub ids (t2r.paths): a missing local path fails here, by name
+            check_model_spec(recipe.model.source)
+        except FileNotFoundError as err:
+            raise RecipeError(f"model.source: {err}") from None
+        try:
+            if is_local(recipe.data.path):
+                local_files(os.path.expanduser(recipe.data.path))  # a supported format, as the loader reads it
+        except (FileNotFoundError, ValueError) as err:
+            raise RecipeError(f"data.path: {err}") from None
 
 
 def recipe_from_dict(data: dict, check_files: bool = True) -> Recipe:

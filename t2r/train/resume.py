@@ -16,7 +16,7 @@ from typing import Callable
 import yaml
 
 from . import checkpoint, run_dir
-from .errors import CheckpointError
+from .errors import CheckpointError, RunDirError
 
 MUTABLE = ("name", "train.max_steps", "train.max_tokens", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
            "train.schedule", "train.grad_clip", "train.gradient_checkpointing", "train.max_nonfinite_steps",
@@ -70,6 +70,10 @@ def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], Non
     root = Path(recipe.checkpoint.dir)
     found = checkpoint.resumable(root, log) if resume else None
     if found is None:
+        if resume and (root / "final").is_dir():
+            raise RunDirError(f"--resume: {root} holds a finished run (final/) and no checkpoint to continue it from "
+                              "(checkpoint.keep_last: 0 deletes them once final/ is written): --overwrite starts "
+                              "afresh, or set checkpoint.dir to a new directory")
         if resume:
             log(f"--resume: no checkpoint in {root}; starting afresh")
         run_dir.claim(root, overwrite, log)

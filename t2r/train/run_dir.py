@@ -98,8 +98,9 @@ def claim(root: Path, overwrite: bool, log: Callable[[str], None] = print) -> No
     found = outputs(root)
     if found and not overwrite:
         names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found[:5]) + (", ..." if len(found) > 5 else "")
-        raise RunDirError(f"{root} holds another run ({names}): --resume continues it, --overwrite deletes it and "
-                          "starts afresh, or set checkpoint.dir to a new directory")
+        resume = "--resume continues it, " if checkpoint.checkpoints(root) else ""  # none: finished, keep_last 0
+        raise RunDirError(f"{root} holds another run ({names}): {resume}--overwrite deletes it and starts afresh, "
+                          "or set checkpoint.dir to a new directory")
     for path in found + sorted(root.glob(".tmp-*")):
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     if found:

@@ -1,5 +1,8 @@
 """Finetuning recipes: shipped files load with their key numbers; overrides, errors, round trip, batch math."""
 
+import importlib.machinery
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,14 @@ def error(*overrides, check_files=True) -> str:
     with pytest.raises(RecipeError) as info:
         make(*overrides, check_files=check_files)
     return str(info.value)
+
+
+@pytest.fixture
+def wandb_installed(monkeypatch):
+    """A recipe naming a tracker validates only where its package is installed: a stand-in for wandb."""
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    monkeypatch.setitem(sys.modules, "wandb", module)
 
 
 def test_every_shipped_recipe_loads_and_is_listed():
@@ -64,7 +75,7 @@ def test_smollm2_recipes():
     assert (cpu.train.tokens_per_step, cpu.train.micro_batch_size, cpu.total_steps) == (1024, 4, 20)
     assert (cpu.train.lr, cpu.train.warmup_steps, cpu.train.mixed_precision) == (1e-3, 5, "no")
     assert cpu.grad_accum_steps(1) == 1
-    with pytest.raises(RecipeError, match="data.path: 'no-such-dir/train.jsonl' does not exist"):
+    with pytest.raises(RecipeError, match=r"data.path: not found: no-such-dir/train.jsonl \(no such file or directory in "):
         load_recipe(RECIPES / "smollm2-gsa-cpu.yaml", ["data.path=no-such-dir/train.jsonl"])
     h100 = load_recipe(RECIPES / "smollm2-gsa-h100.yaml", check_files=False)
     assert (h100.data.seq_len, h100.train.tokens_per_step, h100.train.micro_batch_size) == (2048, 65536, 8)
@@ -72,7 +83,7 @@ def test_smollm2_recipes():
     assert (h100.train.lr, h100.train.warmup_steps, h100.train.mixed_precision) == (3e-4, 100, "bf16")
 
 
-def test_defaults_and_override_types():
+def test_defaults_and_override_types(wandb_installed):
     r = make()
     assert (r.train.lr, r.train.betas, r.train.grad_clip, r.data.seq_len, r.checkpoint.dir) == \
         (3e-5, (0.9, 0.95), 1.0, 2048, "runs/t")
@@ -129,9 +140,11 @@ def test_defaults_and_override_types():
     (["convert.layers=first"], "convert.layers: 'first' is not a layer list"),
     (["train.max_steps.x=1"], "train.max_steps: is a value, not a section"),
     (["train.lr"], "override 'train.lr': expected section.field=value"),
-    (["data.path=./no/such/dir"], "data.path: './no/such/dir' does not exist"),
-    (["data.path=missing-corpus.jsonl"], "data.path: 'missing-corpus.jsonl' does not exist"),
-    (["model.source=./missing.gguf"], "model.source: './missing.gguf' does not exist"),
+    (["data.path=./no/such/dir"], "data.path: not found: ./no/such/dir (no such file or directory in "),
+    (["data.path=missing-corpus.jsonl"], "data.path: not found: missing-corpus.jsonl (no such file"),
+    (["model.source=./missing.gguf"], "model.source: not found: ./missing.gguf (no such file"),
+    (["model.source=runs/nope/final"], "model.source: not found: runs/nope/final (no such file or directory in "),
+    (["data.path=corpus.csv"], "data.path: not found: corpus.csv (no such file"),
 ])
 def test_errors_name_the_field(overrides, message):
     assert message in error(*overrides)
@@ -150,10 +163,12 @@ def test_missing_required_and_file_checks(tmp_path):
     corpus.write_text('{"text": "hi"}\n')
     assert make(f"data.path={corpus}").data.path == str(corpus)
     assert make(f"data.path={tmp_path}/*.jsonl").data.path.endswith("*.jsonl")
-    assert "does not exist" in error(f"data.path={tmp_path}/*.parquet")
+    assert f"not found: {tmp_path}/*.parquet (no files match the pattern;" in error(f"data.path={tmp_path}/*.parquet")
+    (tmp_path / "corpus.csv").write_text("text\nhi\n")  # a local file of a format the loader does not read
+    assert "data.path: unsupported data file" in error(f"data.path={tmp_path}/corpus.csv")
 
 
-def test_round_trip_through_save_resolved(tmp_path):
+def test_round_trip_through_save_resolved(tmp_path, wandb_installed):
     r = make("train.lr=1e-4", "lora.r=8", "train.trainable=lora", "convert.options.num_slots=16",
              "stages.attention_transfer.steps=50", "stages.distill.temperature=2", "logging.trackers=[wandb]")
     path = save_resolved(r, tmp_path / "out")
@@ -168,6 +183,19 @@ def test_round_trip_through_save_resolved(tmp_path):
         assert load_recipe(save_resolved(shipped, tmp_path / f.stem), check_files=False) == shipped
 
 
+@pytest.mark.parametrize("tracker, packages", [("tensorboard", ("tensorboard", "tensorboardX")), ("wandb", ("wandb",))])
+def test_an_uninstalled_tracker_is_refused_at_validation(monkeypatch, tracker, packages):
+    """accelerate only warns about a tracker it cannot import, then logs nothing: the recipe refuses it,
+    naming the package, before anything loads; a recipe without trackers needs none."""
+    for package in packages:
+        monkeypatch.setitem(sys.modules, package, None)  # as if not installed
+    for check_files in (True, False):
+        assert (f"logging.trackers: {tracker} is not installed (pip install {tracker}); or remove it"
+                in error(f"logging.trackers=[{tracker}]", check_files=check_files))
+    for f in sorted(RECIPES.glob("*.yaml")):
+        assert load_recipe(f, check_files=False).logging.trackers == []
+
+
 def test_grad_accum_steps():
     r = make("train.tokens_per_step=2097152", "data.seq_len=2048", "train.micro_batch_size=4")
     assert [r.grad_accum_steps(n) for n in (1, 2, 8, 256)] == [256, 128, 32, 1]
@@ -176,3 +204,13 @@ def test_grad_accum_steps():
             r.grad_accum_steps(n)
     assert make("train.max_tokens=40960", "train.max_steps=null").total_steps == 10
     assert "train.max_tokens: 100 is less than one step" in error("train.max_tokens=100", "train.max_steps=null")
+
+
+def test_bare_yes_no_words_are_the_choices_they_name(tmp_path):
+    """YAML reads a bare `no` as false: a field whose choices hold the word takes it (command line and file)."""
+    assert make("train.mixed_precision=no").train.mixed_precision == "no"
+    assert "train.schedule: expected a string, got False" in error("train.schedule=no")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {source: x}\nconvert: {target: gsa}\ndata: {path: a/b}\n"
+                      "train: {tokens_per_step: 2048, max_steps: 1, mixed_precision: no}\n")
+    assert load_recipe(recipe).train.mixed_precision == "no"
