@@ -470,6 +470,7 @@ def run_run(args) -> int:
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0
+    release_host_memory()  # the evaluation must not stack on the training's freed memory (4.4 -> 4.0 GB on CPU)
     final = f"{recipe.checkpoint.dir}/final"
     device = default_device(settings.device)
     settings.dtype = eval_dtype(settings.dtype, device)
@@ -487,6 +488,20 @@ def run_run(args) -> int:
     print(report.read_text(), end="")
     print(f"model saved to {final}; report written to {report}")
     return 0
+
+
+def release_host_memory() -> None:
+    """Hand memory freed by a finished phase back to the system: collect reference cycles (accelerate's
+    objects hold the model and optimizer in some), then glibc's `malloc_trim`, without which the heap
+    keeps the freed pages and the next phase's allocations add to them."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): its allocator decides
+        pass
 
 
 def check_recipe_data(recipe) -> None:
@@ -535,7 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
                 "eval": run_eval, "bench": run_bench, "cache": run_cache}
     try:
-        return handlers[args.command](args)
+        if args.command == "cache":
+            return run_cache(args)
+        from t2r.outputs import quiet_libraries
+
+        with quiet_libraries():  # one progress bar per long step of ours, none of the libraries' per-load bars
+            return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
         print(f"t2r {args.command}: error: {err}", file=sys.stderr)
         return 2

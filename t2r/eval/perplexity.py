@@ -73,7 +73,8 @@ def token_rows(data: DataConfig, tokenizer, length: int, rows: int, seed: int = 
 def token_nll(contender: Contender, ids: torch.Tensor, batch_size: int = 1, progress: bool = True) -> torch.Tensor:
     """`[N, T-1]` NLL of token t+1 given tokens <= t, for every row of `ids` `[N, T]` (fp32, on CPU)."""
     out = []
-    for start in tqdm(range(0, len(ids), batch_size), desc=f"ppl {contender.name}", disable=not progress, leave=False):
+    for start in tqdm(range(0, len(ids), batch_size), desc=f"ppl {contender.name}",
+                      disable=None if progress else True, leave=False):  # None: no bar off a terminal
         batch = ids[start:start + batch_size]
         logits = contender.logits(batch)[:, :-1]
         target = batch[:, 1:].to(logits.device)

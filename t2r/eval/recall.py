@@ -37,7 +37,7 @@ def word_tokens(tokenizer, count: int, seed: int) -> list[int]:
     vocab = tokenizer.get_vocab()
     candidates = []
     for token_id in sorted(vocab.values()):
-        text = tokenizer.decode([token_id])
+        text = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
         word = text[1:]
         if text.startswith(" ") and 3 <= len(word) <= 8 and word.isascii() and word.isalpha() and word.islower():
             if tokenizer(text, add_special_tokens=False)["input_ids"] == [token_id]:
@@ -106,7 +106,8 @@ def recall_accuracy(contender: Contender, examples: list[RecallExample], batch_s
                     desc: str = "recall") -> float:
     """Fraction of answers whose every token is the argmax given the true prefix (= greedy exact match)."""
     correct = total = 0
-    for start in tqdm(range(0, len(examples), batch_size), desc=f"{desc} {contender.name}", leave=False):
+    for start in tqdm(range(0, len(examples), batch_size), desc=f"{desc} {contender.name}", leave=False,
+                      disable=None):  # None: no bar when stderr is not a terminal
         batch = examples[start:start + batch_size]
         width = max(len(e.ids) for e in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)

@@ -65,6 +65,9 @@ class ConvertedAttention(nn.Module):
             if position_embeddings is None:
                 raise ValueError("this layer keeps RoPE (rope=True) and needs position_embeddings=(cos, sin)")
             q, k = apply_rope(q, k, *position_embeddings)
+            # fp32 cos/sin (the residual stream under autocast) promote q, k; keep the projections' dtype, as
+            # autocast does for the source's SDPA, so the kernels get one dtype (FoX's refuse mixed ones)
+            q, k = q.to(v.dtype), k.to(v.dtype)
         return q, k, v
 
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):

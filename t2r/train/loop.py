@@ -202,10 +202,10 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     if stage1 is not None and step == 0:  # a resumed run's weights already hold stage 1
         stage_batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device,
                                       rank, world)
-        with accelerator.autocast():
-            transfer_mse = attention_transfer(
-                accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
-                reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None, params=stage1.params)
+        transfer_mse = attention_transfer(
+            accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
+            reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None, params=stage1.params,
+            autocast=accelerator.autocast)
         if not math.isfinite(transfer_mse[-1]):
             raise NonFiniteError(f"attention transfer: the MSE is {transfer_mse[-1]} after {len(transfer_mse)} steps; "
                                  "lower stages.attention_transfer.lr")

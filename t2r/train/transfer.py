@@ -12,6 +12,7 @@ one optimizer, its own lr.
 
 from __future__ import annotations
 
+import contextlib
 from itertools import islice
 from typing import Iterable
 
@@ -43,10 +44,14 @@ def _decoder_layers(model: nn.Module):
 
 
 def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable[dict], steps: int, lr: float,
-                       reduce_grads=None, on_step=None, params: str = "attention") -> list[float]:
+                       reduce_grads=None, on_step=None, params: str = "attention", autocast=None) -> list[float]:
     """Train the converted attention layers of `student` to match `teacher`'s attention outputs for
     `steps` batches; returns the loss of each step. `reduce_grads(tensor)` (e.g. a mean over data-
-    parallel processes) is applied to every gradient before the update."""
+    parallel processes) is applied to every gradient before the update. `autocast()` (mixed precision)
+    is entered for each step's forward and backward, never around several steps: autocast keeps its
+    low-precision copies of the weights until its outermost context exits, so later steps would compute
+    with the starting weights and never see their own updates."""
+    autocast = autocast or contextlib.nullcontext
     pairs = layer_pairs(student, teacher)
     if not pairs:
         raise ValueError("stages.attention_transfer: the model has no converted layers")
@@ -69,16 +74,17 @@ def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable
     losses = []
     try:
         for batch in islice(batches, steps):
-            with torch.no_grad():
-                teacher(**{k: v for k, v in batch.items() if k != "labels"})
-            loss = 0.0
-            for index, student_attention, _ in pairs:
-                kwargs, target = captured[index]
-                out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
-                                           **{k: kwargs[k] for k in _PASSED if k in kwargs})
-                loss = loss + F.mse_loss(out.float(), target.float())
-            loss = loss / len(pairs)
-            loss.backward()
+            with autocast():
+                with torch.no_grad():
+                    teacher(**{k: v for k, v in batch.items() if k != "labels"})
+                loss = 0.0
+                for index, student_attention, _ in pairs:
+                    kwargs, target = captured[index]
+                    out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
+                                               **{k: kwargs[k] for k in _PASSED if k in kwargs})
+                    loss = loss + F.mse_loss(out.float(), target.float())
+                loss = loss / len(pairs)
+                loss.backward()
             if reduce_grads is not None:
                 for p in params:
                     if p.grad is not None:

@@ -1,5 +1,6 @@
 """Converted models train: gradients reach the gates and projections; packed documents do not leak."""
 
+import pytest
 import torch
 
 import t2r
@@ -49,3 +50,19 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model(ids, labels=ids).loss.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[n], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["fox", "gla"])
+def test_mixed_precision_gives_the_mixer_one_dtype(target, monkeypatch):
+    """Under bf16 autocast, RoPE's fp32 cos/sin used to promote q and k to fp32 while v stayed bf16: FoX's
+    kernels refuse mixed dtypes and fell back to the slow PyTorch form. The mixer now gets one dtype."""
+    from t2r.layers import base
+
+    seen = []
+    real = base.ConvertedAttention.project
+    monkeypatch.setattr(base.ConvertedAttention, "project",
+                        lambda self, *a: seen.append({t.dtype for t in real(self, *a)}) or real(self, *a))
+    model = t2r.convert(tiny_source("llama"), target, rope=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(3, 97, (1, 16)), use_cache=False)
+    assert seen and all(dtypes == {torch.bfloat16} for dtypes in seen), seen

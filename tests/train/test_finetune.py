@@ -131,6 +131,27 @@ def test_attention_transfer_on_gates_only_keeps_the_pretrained_projections():
                            lr=1e-3, params="gates")
 
 
+def test_attention_transfer_under_autocast_sees_its_own_updates():
+    """Mixed precision: each step computes with the weights the last step left (autocast is entered per
+    step; one context around all steps kept the bf16 casts of the starting weights, and the MSE on a
+    repeated batch stayed at its first value)."""
+    import functools
+
+    import t2r
+    from t2r.train.transfer import attention_transfer
+
+    teacher = tiny_source("llama")
+    student = t2r.convert(tiny_source("llama"), "gla")
+    ids = torch.randint(3, 97, (1, 64), generator=torch.Generator().manual_seed(0))
+    bf16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    losses = attention_transfer(student, teacher, [{"input_ids": ids}] * 4, steps=4, lr=1e-3, autocast=bf16)
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    student = t2r.convert(tiny_source("llama"), "gla")
+    with bf16():  # the hazard itself: one context around every step, the casts of the first weights reused
+        stale = attention_transfer(student, teacher, [{"input_ids": ids}] * 4, steps=4, lr=1e-3)
+    assert len(set(stale)) == 1, stale
+
+
 def test_small_data_repeats_in_reshuffled_epochs_and_resumes_across_them(tmp_path, source_dir, corpus):
     """6 documents give a few micro-batches: the run goes on into later epochs, and an interrupted
     run resumed in a later epoch still matches the uninterrupted one."""
