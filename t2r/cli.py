@@ -18,9 +18,10 @@ import time
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from t2r.dtypes import DTYPE_NAMES
 from t2r.paths import check_model_spec, offline_if_unreachable
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *DTYPE_NAMES)
 """--dtype names; `auto` keeps the checkpoint's dtype (float32 for a GGUF)."""
 CONVERSION_FILE = "t2r_conversion.json"
 """Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""

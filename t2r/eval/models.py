@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import sys
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""Names `load_source` (transformers' `from_pretrained`) takes as they are."""
+from t2r.dtypes import DTYPE_NAMES
 
 
 def eval_dtype(name: str | None, device: str) -> str:
     """`auto` (or None): float32 on CPU, bfloat16 on GPUs."""
     if name in (None, "auto"):
         return "float32" if device == "cpu" else "bfloat16"
-    if name not in DTYPES:
-        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPE_NAMES)}")
     return name
 
 

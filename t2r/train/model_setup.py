@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from t2r.convert import convert
+from t2r.dtypes import torch_dtype
 from t2r.layers.base import ConvertedAttention
 from t2r.sources import load_source
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def new_modules(attention: ConvertedAttention) -> nn.ModuleList:
@@ -36,7 +36,7 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     is given: under mixed precision the optimizer keeps fp32 master weights and autocast computes
     in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills or
     transfers attention."""
-    dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else DTYPES[recipe.model.dtype])
+    dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else torch_dtype(recipe.model.dtype))
     source, tokenizer = load_source(recipe.model.source, dtype=dtype)
     teacher = None
     if recipe.convert.target == "none":
@@ -46,7 +46,7 @@ def build_model(recipe, dtype: torch.dtype | None = None):
                         **recipe.convert.options)
         if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
             # convert() copies: the loaded source itself serves as the teacher, no second load
-            teacher = source.to(DTYPES[recipe.model.dtype]).eval().requires_grad_(False)
+            teacher = source.to(torch_dtype(recipe.model.dtype)).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

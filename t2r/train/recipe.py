@@ -18,6 +18,7 @@ from typing import ClassVar, Sequence
 import yaml
 
 from t2r.data.config import DataConfig
+from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import HELD_OUT, EvalSettings
 from t2r.layers.options import MIXERS, MixerOptions
 from t2r.paths import check_model_spec, is_local
@@ -25,7 +26,7 @@ from t2r.paths import check_model_spec, is_local
 from .fields import RecipeError, build, coerce, plain, suggest
 
 TARGETS = (*MIXERS, "none")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = DTYPE_NAMES
 SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
 TRAINABLE = ("all", "attention", "gates", "lora")
