@@ -67,14 +67,6 @@ def check_convertible(config) -> None:
         raise ValueError(f"head_dim={head_dim} must be even for rotary embeddings")
 
 
-def source_layer_types(config) -> list[str]:
-    """The source's attention kind per layer (full or sliding window)."""
-    if getattr(config, "layer_types", None):
-        return list(config.layer_types)
-    sliding = getattr(config, "sliding_window", None) and config.model_type == "mistral"
-    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
-
-
 def t2r_config(config, target: str, layers=None, source: str | None = None, **options):
     """The converted config for a source config: same fields, plus which layers run which mixer."""
     if target not in MIXERS:
@@ -83,14 +75,14 @@ def t2r_config(config, target: str, layers=None, source: str | None = None, **op
     resolved = MixerOptions.resolve(target, **options)
     converted = set(parse_layers(layers, config.num_hidden_layers))
     fields = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
+    adapter = ARCHITECTURES[config.model_type]
     fields.update(
-        layer_types=source_layer_types(config),
+        layer_types=adapter.layer_types(config),
         t2r_mixers=[target if i in converted else "softmax" for i in range(config.num_hidden_layers)],
         t2r_options={target: resolved.to_dict()},
         t2r_source=source or getattr(config, "name_or_path", None) or None,
     )
-    config_class = ARCHITECTURES[config.model_type][0]
-    return config_class(**fields)
+    return adapter.config_class(**fields)
 
 
 @dataclass
@@ -155,7 +147,8 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
-        model: a loaded Llama, Mistral or Qwen2 causal LM (hub, local or GGUF; any dtype and device).
+        model: a loaded Llama, Mistral, Qwen2 or Qwen3 causal LM (`t2r.ARCHITECTURES`; hub, local or GGUF; any dtype
+            and device).
         target: "gsa" | "gla" | "retnet" | "fox".
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
@@ -164,7 +157,7 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     The source model is left untouched; the result shares no storage with it.
     """
     config = t2r_config(model.config, target, layers, source=source, **options)
-    causal_lm_class = ARCHITECTURES[model.config.model_type][2]
+    causal_lm_class = ARCHITECTURES[model.config.model_type].causal_lm_class
     param = next(model.parameters())
     state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with quiet_loading():

@@ -14,7 +14,7 @@ import sys
 
 
 def main() -> None:
-    import t2r  # noqa: F401  (registers t2r_llama, t2r_mistral, t2r_qwen2 with AutoConfig/AutoModelForCausalLM)
+    import t2r  # noqa: F401  (registers the converted model types with AutoConfig/AutoModelForCausalLM)
 
     try:
         from lm_eval.__main__ import cli_evaluate  # absolute import: the installed lm-eval, not this module

@@ -52,6 +52,8 @@ class ConvertedAttention(nn.Module):
         self.hidden_size = config.hidden_size
         self.q_proj, self.k_proj = attention.q_proj, attention.k_proj
         self.v_proj, self.o_proj = attention.v_proj, attention.o_proj
+        # per-head q/k RMSNorm of the source attention (Qwen3), reused: applied before the feature map and RoPE
+        self.q_norm, self.k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.feature_map = FEATURE_MAP_FUNCTIONS[options.feature_map]
 
     def project(self, hidden_states, position_embeddings):
@@ -60,6 +62,8 @@ class ConvertedAttention(nn.Module):
         q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.feature_map(q), self.feature_map(k)
         if self.options.rope:
             if position_embeddings is None:

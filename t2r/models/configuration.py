@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from t2r.layers import MIXERS, RECURRENT_MIXERS, MixerOptions
 
@@ -82,6 +82,16 @@ class T2RMistralConfig(MistralConfig, T2RConfigMixin):
 @strict
 class T2RQwen2Config(Qwen2Config, T2RConfigMixin):
     model_type = "t2r_qwen2"
+    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
+
+    def __post_init__(self, **kwargs):
+        self._fill_t2r_fields()
+        super().__post_init__(**kwargs)
+
+
+@strict
+class T2RQwen3Config(Qwen3Config, T2RConfigMixin):
+    model_type = "t2r_qwen3"
     base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 
     def __post_init__(self, **kwargs):

@@ -9,7 +9,8 @@ a forward that hands each layer the mask it needs, and the recurrent-state cache
 
 import torch
 from transformers import (
-    LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model,
+    LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
+    Qwen3Model,
 )
 from transformers.masking_utils import (
     create_causal_mask, create_recurrent_attention_mask, create_sliding_window_causal_mask,
@@ -20,7 +21,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from t2r.layers import ConvertedAttention, build_mixer
 from t2r.models.cache import T2RCache
-from t2r.models.configuration import T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config
+from t2r.models.configuration import T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config
 
 _MASK_FUNCTIONS = {
     "full_attention": create_causal_mask,
@@ -142,3 +143,12 @@ class T2RQwen2Model(T2RModelMixin, Qwen2Model):
 class T2RQwen2ForCausalLM(T2RCausalLMMixin, Qwen2ForCausalLM):
     config: T2RQwen2Config
     base_model_class = T2RQwen2Model
+
+
+class T2RQwen3Model(T2RModelMixin, Qwen3Model):
+    config: T2RQwen3Config
+
+
+class T2RQwen3ForCausalLM(T2RCausalLMMixin, Qwen3ForCausalLM):
+    config: T2RQwen3Config
+    base_model_class = T2RQwen3Model

@@ -11,13 +11,14 @@ from t2r.dtypes import torch_dtype
 from t2r.layers.base import ConvertedAttention
 from t2r.sources import load_source
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+REUSED = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+"""Submodules a converted layer takes from the source attention: pretrained, never new gates."""
 
 
 def new_modules(attention: ConvertedAttention) -> nn.ModuleList:
     """The parameterised submodules conversion added to one attention module (its gates)."""
     return nn.ModuleList(child for name, child in attention.named_children()
-                         if name not in PROJECTIONS and any(True for _ in child.parameters()))
+                         if name not in REUSED and any(True for _ in child.parameters()))
 
 
 def new_module_names(model: nn.Module) -> list[str]:
@@ -27,7 +28,7 @@ def new_module_names(model: nn.Module) -> list[str]:
     for module in model.modules():
         if isinstance(module, ConvertedAttention):
             names.update(n for n, child in module.named_children()
-                         if n not in PROJECTIONS and any(True for _ in child.parameters()))
+                         if n not in REUSED and any(True for _ in child.parameters()))
     return sorted(names)
 
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 from transformers import (
-    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 COMMON = dict(
@@ -24,6 +25,14 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
     elif arch == "qwen2":
         config = Qwen2Config(**{**COMMON, **overrides})
         model = Qwen2ForCausalLM(config)
+    elif arch == "qwen3":
+        fields = {**COMMON, **overrides}  # Qwen3Config's head_dim defaults to 128, not hidden / heads
+        config = Qwen3Config(**{"head_dim": fields["hidden_size"] // fields["num_attention_heads"], **fields})
+        model = Qwen3ForCausalLM(config)
+        with torch.no_grad():  # q/k norm weights that are not all ones, so a dropped norm shows up
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     else:
         raise ValueError(arch)
     with torch.no_grad():  # a pad embedding that is not zero, so missing padding masks show up
@@ -31,7 +40,7 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
     return model.eval()
 
 
-ARCHS = ("llama", "mistral", "qwen2")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 TARGETS = ("gsa", "gla", "retnet", "fox")
 
 

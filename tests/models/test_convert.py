@@ -86,6 +86,50 @@ def test_qwen2_keeps_qkv_biases():
     assert attn.q_proj.bias is not None and attn.k_proj.bias is not None and attn.o_proj.bias is None
 
 
+def test_qwen3_converted_layers_reuse_the_source_qk_norms(target):
+    source = tiny_source("qwen3")
+    model = t2r.convert(source, target, num_slots=8)
+    attn = model.model.layers[0].self_attn
+    assert type(attn.q_norm).__name__ == "Qwen3RMSNorm" and type(attn.k_norm).__name__ == "Qwen3RMSNorm"
+    assert dict(model.named_parameters())["model.layers.0.self_attn.q_norm.weight"] is attn.q_norm.weight
+    assert torch.equal(attn.k_norm.weight, source.model.layers[0].self_attn.k_norm.weight)
+    ids = torch.randint(3, 97, (1, 9))
+    with torch.no_grad():  # the norms are applied: changing their weights changes the output
+        before = model(ids).logits
+        attn.q_norm.weight.mul_(2.0)
+        assert not torch.allclose(model(ids).logits, before)
+
+
+def test_fox_with_rope_starts_as_qwen3_even_in_bf16():
+    source = tiny_source("qwen3").to(torch.bfloat16)
+    ids = torch.randint(3, 97, (2, 14))
+    with torch.no_grad():
+        diff = (t2r.convert(source, "fox")(ids).logits.float() - source(ids).logits.float()).abs().max()
+    assert diff < 5e-2
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_sliding_layers_are_read_from_the_source_config(arch):
+    source = tiny_source(arch, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    assert source.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    model = t2r.convert(source, "gla", layers=[1])
+    assert model.config.layer_types == ["full_attention", "linear_attention", "sliding_attention"]
+    # past the window the softmax layers still slide: FoX on the full layer 0 starts as the source
+    ids = torch.randint(3, 97, (1, 20))
+    with torch.no_grad():
+        diff = (t2r.convert(source, "fox", layers=[0])(ids).logits - source(ids).logits).abs().max()
+    assert diff < 1e-2
+
+
+def test_source_adapters_name_the_source_classes():
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
+
+    adapter = t2r.ARCHITECTURES["qwen3"]
+    assert adapter.source_classes == (Qwen3Config, Qwen3Model, Qwen3ForCausalLM)
+    assert adapter.config_class.model_type == "t2r_qwen3"
+    assert all(issubclass(ours, theirs) for ours, theirs in zip(adapter, adapter.source_classes))
+
+
 def test_options_are_recorded_in_the_config():
     model = t2r.convert(tiny_source("llama"), "gsa", num_slots=4, feature_map="relu", rope=False)
     options = model.config.t2r_options["gsa"]

@@ -212,3 +212,13 @@ def test_data_errors_stop_the_run_before_the_model_loads(tmp_path, source_dir, m
     with pytest.raises(DataError, match="data.held_out: the 4 held-out documents hold 20 tokens, less than one row"):
         finetune(recipe(tmp_path, source_dir, short, run="short", **{"data.held_out": 4}))
     assert not (tmp_path / "bad").exists() and not (tmp_path / "short").exists()
+
+
+def test_reused_source_norms_are_not_new_gates():
+    """Qwen3's q/k norms live in the converted layer but are the source's: `gates` never trains them."""
+    import t2r
+    from t2r.train.model_setup import new_module_names
+    from tests.models.conftest import tiny_source as tiny_any
+
+    assert new_module_names(t2r.convert(tiny_any("qwen3"), "gsa")) == ["slot_gate"]
+    assert new_module_names(t2r.convert(tiny_any("qwen3"), "retnet")) == []
