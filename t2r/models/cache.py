@@ -113,8 +113,10 @@ def generation_memory(config, element_size: int = 2) -> tuple[int, int]:
             fixed += 2 * kv_heads * head_dim * config.t2r_options["gsa"]["num_slots"] * 4
         elif mixer in ("gla", "retnet"):
             fixed += kv_heads * head_dim * head_dim * 4
-        else:
+        elif mixer in ("softmax", "fox"):
             per_token += 2 * kv_heads * head_dim * element_size + (heads * 4 if mixer == "fox" else 0)
+        else:  # never guess: a mixer this table does not know has a state of its own
+            raise ValueError(f"generation_memory: unknown mixer {mixer!r}; known: gsa, gla, retnet, fox, softmax")
     return fixed, per_token
 
 

@@ -137,3 +137,15 @@ def test_beam_search_with_the_recurrent_cache_equals_recomputing(target):
     ids = torch.randint(3, 97, (2, 6))
     kwargs = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+
+
+def test_cache_memory_refuses_a_mixer_it_does_not_know():
+    """An unknown mixer is an error, never silently counted as per-token K/V."""
+    from types import SimpleNamespace
+
+    from t2r.models.cache import generation_memory
+
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=64,
+                             num_hidden_layers=2, t2r_mixers=["gsa_v2", "softmax"], t2r_options={})
+    with pytest.raises(ValueError, match="unknown mixer 'gsa_v2'"):
+        generation_memory(config)
