@@ -58,42 +58,28 @@ class T2RConfigMixin:
         target = self.t2r_mixers[layer_idx]
         return MixerOptions(**self.t2r_options[target])
 
+    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
+
+    def __post_init__(self, **kwargs):
+        self._fill_t2r_fields()
+        super().__post_init__(**kwargs)
+
 
 @strict
-class T2RLlamaConfig(LlamaConfig, T2RConfigMixin):
+class T2RLlamaConfig(T2RConfigMixin, LlamaConfig):
     model_type = "t2r_llama"
-    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
-
-    def __post_init__(self, **kwargs):
-        self._fill_t2r_fields()
-        super().__post_init__(**kwargs)
 
 
 @strict
-class T2RMistralConfig(MistralConfig, T2RConfigMixin):
+class T2RMistralConfig(T2RConfigMixin, MistralConfig):
     model_type = "t2r_mistral"
-    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
-
-    def __post_init__(self, **kwargs):
-        self._fill_t2r_fields()
-        super().__post_init__(**kwargs)
 
 
 @strict
-class T2RQwen2Config(Qwen2Config, T2RConfigMixin):
+class T2RQwen2Config(T2RConfigMixin, Qwen2Config):
     model_type = "t2r_qwen2"
-    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
-
-    def __post_init__(self, **kwargs):
-        self._fill_t2r_fields()
-        super().__post_init__(**kwargs)
 
 
 @strict
-class T2RQwen3Config(Qwen3Config, T2RConfigMixin):
+class T2RQwen3Config(T2RConfigMixin, Qwen3Config):
     model_type = "t2r_qwen3"
-    base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
-
-    def __post_init__(self, **kwargs):
-        self._fill_t2r_fields()
-        super().__post_init__(**kwargs)

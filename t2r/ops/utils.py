@@ -196,19 +196,19 @@ def recompute_in_backward(fn: Callable, *args, **kwargs):
     (`torch.utils.checkpoint`). The chunkwise PyTorch forms save [C, C] scores and gate factors per chunk,
     5-10x their inputs; recomputing costs one more forward of the op and keeps training memory near
     softmax attention's. A plain call when nothing needs a gradient."""
-    flat = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (tuple, list)) else (a,))]
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat):
+    if needs_grad(*args, *kwargs.values()):
         return checkpoint(fn, *args, use_reentrant=False, **kwargs)
     return fn(*args, **kwargs)
 
 
+def needs_grad(*values) -> bool:
+    """True when autograd is on and a tensor among `values` (or inside a tuple/list of them) requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    flat = [t for v in values for t in (v if isinstance(v, (tuple, list)) else (v,))]
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+
+
 def prefer_recurrent(seq_len: int, *tensors: Optional[State]) -> bool:
     """True for short inputs without autograd (decoding): the step loop beats chunking."""
-    if seq_len > RECURRENT_MAX_LEN:
-        return False
-    if not torch.is_grad_enabled():
-        return True
-    flat = []
-    for t in tensors:
-        flat.extend(t if isinstance(t, tuple) else [t])
-    return not any(t is not None and t.requires_grad for t in flat)
+    return seq_len <= RECURRENT_MAX_LEN and not needs_grad(*tensors)

@@ -15,21 +15,22 @@ REUSED = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 """Submodules a converted layer takes from the source attention: pretrained, never new gates."""
 
 
+def _added_children(attention: ConvertedAttention) -> dict[str, nn.Module]:
+    """The parameterised submodules conversion added to one attention module (its gates), by name."""
+    return {name: child for name, child in attention.named_children()
+            if name not in REUSED and any(True for _ in child.parameters())}
+
+
 def new_modules(attention: ConvertedAttention) -> nn.ModuleList:
-    """The parameterised submodules conversion added to one attention module (its gates)."""
-    return nn.ModuleList(child for name, child in attention.named_children()
-                         if name not in REUSED and any(True for _ in child.parameters()))
+    """The gates conversion added to one attention module."""
+    return nn.ModuleList(_added_children(attention).values())
 
 
 def new_module_names(model: nn.Module) -> list[str]:
     """Names (relative to their attention module) of the parameterised submodules conversion added:
     GSA's slot gate, GLA's low-rank gate, FoX's forget gate; RetNet adds none."""
-    names = set()
-    for module in model.modules():
-        if isinstance(module, ConvertedAttention):
-            names.update(n for n, child in module.named_children()
-                         if n not in REUSED and any(True for _ in child.parameters()))
-    return sorted(names)
+    return sorted({name for module in model.modules() if isinstance(module, ConvertedAttention)
+                   for name in _added_children(module)})
 
 
 def build_model(recipe, dtype: torch.dtype | None = None):
