@@ -8,14 +8,12 @@ missing local path is reported before anything loads (`t2r.paths`).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import MISSING, fields
 from pathlib import Path
 
 from t2r.dtypes import DTYPE_NAMES
@@ -26,30 +24,13 @@ DTYPES = ("auto", *DTYPE_NAMES)
 CONVERSION_FILE = "t2r_conversion.json"
 """Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""
 CPU_RECIPE = "recipes/smollm2-gsa-cpu.yaml"
-OPTION_HELP = {
-    "feature_map": "map applied to q and k before the mixer",
-    "rope": "apply the source's rotary embedding to q and k",
-    "output_norm": "per-head RMS norm of the mixer output (no weight)",
-    "num_slots": "GSA: memory slots per kv head",
-    "gate_logit_normalizer": "GSA, GLA: gate damping tau, log alpha = logsigmoid(W x) / tau",
-    "gate_low_rank_dim": "GLA: rank of the low-rank forget-gate projection",
-    "fox_gate_bias": "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)",
-}
-"""Help of the `t2r convert` flag of each `MixerOptions` field; defaults come from `MixerOptions` itself."""
 
 
-def mixer_options():
-    """`t2r/layers/options.py` alone (MIXERS, FEATURE_MAPS, MixerOptions): the `t2r.layers` package imports
-    torch, which building the parser does not need."""
-    if "t2r.layers.options" in sys.modules:
-        return sys.modules["t2r.layers.options"]
-    name = "t2r._cli_layer_options"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("layers") / "options.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while building the class
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def mixer_registry():
+    """`t2r.layers.registry` (targets and their options): no torch, so building the parser stays instant."""
+    from t2r.layers import registry
+
+    return registry
 
 
 def _text(value) -> str:
@@ -58,30 +39,34 @@ def _text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def option_default(options, name: str) -> str:
-    """`default 64`, or per target: `default: false for gsa, gla, retnet; true for fox` (targets that do not
-    use the option, None there, are left out)."""
-    field = next(f for f in fields(options.MixerOptions) if f.name == name)
+def option_default(registry, name: str) -> str:
+    """`default 64 (gsa)`, or per target: `default: false for gsa, gla, retnet; true for fox` (targets without
+    the option are left out)."""
     per_target: dict[str, list[str]] = {}
-    for target in options.MIXERS:
-        value = options.MixerOptions.defaults(target).get(name, None if field.default is MISSING else field.default)
-        if value is not None:
-            per_target.setdefault(_text(value), []).append(target)
-    if len(per_target) == 1 and len(next(iter(per_target.values()))) == len(options.MIXERS):
-        return f"default {next(iter(per_target))}"
-    return "default: " + "; ".join(f"{value} for {', '.join(targets)}" for value, targets in per_target.items())
+    for spec in registry.MIXERS.values():
+        if name in spec.options.field_names():
+            per_target.setdefault(_text(getattr(spec.options(), name)), []).append(spec.name)
+    targets = [t for ts in per_target.values() for t in ts]
+    if len(per_target) == 1:
+        value = next(iter(per_target))
+        return f"default {value}" if len(targets) == len(registry.MIXERS) else f"{', '.join(targets)}; default {value}"
+    return "default: " + "; ".join(f"{value} for {', '.join(ts)}" for value, ts in per_target.items())
 
 
 def add_mixer_options(parser: argparse.ArgumentParser) -> None:
-    """One flag per `MixerOptions` field (`--num-slots`, `--rope`, ...), unset unless given."""
-    options = mixer_options()
-    for f in fields(options.MixerOptions):
-        kind = str(f.type)
-        kwargs = ({"choices": options.FEATURE_MAPS} if f.name == "feature_map" else
+    """One flag per option of any registered mixer (`--num-slots`, `--rope`, ...), unset unless given; help
+    and defaults come from the options dataclasses."""
+    from t2r.layers.options import FEATURE_MAPS
+
+    registry = mixer_registry()
+    for name in registry.option_names():
+        field = registry.option_field(name)
+        kind = str(field.type)
+        kwargs = ({"choices": FEATURE_MAPS} if name == "feature_map" else
                   {"type": _bool, "metavar": "true|false"} if "bool" in kind else
                   {"type": int} if "int" in kind else {"type": float} if "float" in kind else {})
-        parser.add_argument(f"--{f.name.replace('_', '-')}", default=None,
-                            help=f"{OPTION_HELP.get(f.name, f.name)} ({option_default(options, f.name)})", **kwargs)
+        parser.add_argument(f"--{name.replace('_', '-')}", default=None,
+                            help=f"{field.metadata.get('help', name)} ({option_default(registry, name)})", **kwargs)
 
 
 def version() -> str:
@@ -115,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = commands.add_parser("convert", help="swap softmax attention for a recurrent mixer and save the model")
     add_model_argument(convert, "hub id, local directory, file.gguf, or 'smollm2' (built-in default)")
-    convert.add_argument("--to", dest="target", choices=mixer_options().MIXERS, required=True)
+    convert.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
     convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
     convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
     convert.add_argument("--layers", default=None, help="layers to convert, e.g. '0-11,15' (default: all)")
@@ -248,8 +233,8 @@ def run_convert(args) -> int:
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
-    options = {f.name: getattr(args, f.name) for f in fields(mixer_options().MixerOptions)
-               if getattr(args, f.name) is not None}
+    options = {name: getattr(args, name) for name in mixer_registry().option_names()
+               if getattr(args, name) is not None}
     model = convert(source, args.target, layers=args.layers, source=args.model, **options)
     print(conversion_report(source, model))
     out = Path(args.out)

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from t2r.layers import MIXERS, MixerOptions
+from t2r.layers import resolve_options
 from t2r.models import ARCHITECTURES
 from t2r.models.cache import generation_memory
 from t2r.models.configuration import T2RConfigMixin
@@ -69,10 +69,8 @@ def check_convertible(config) -> None:
 
 def t2r_config(config, target: str, layers=None, source: str | None = None, **options):
     """The converted config for a source config: same fields, plus which layers run which mixer."""
-    if target not in MIXERS:
-        raise ValueError(f"unknown target {target!r}: choose one of {', '.join(MIXERS)}")
+    resolved = resolve_options(target, **options)  # an unknown target or option fails here, first
     check_convertible(config)
-    resolved = MixerOptions.resolve(target, **options)
     converted = set(parse_layers(layers, config.num_hidden_layers))
     fields = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
     adapter = ARCHITECTURES[config.model_type]
@@ -149,11 +147,11 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     Args:
         model: a loaded Llama, Mistral, Qwen2 or Qwen3 causal LM (`t2r.ARCHITECTURES`; hub, local or GGUF; any dtype
             and device).
-        target: "gsa" | "gla" | "retnet" | "fox".
+        target: a registered mixer (`t2r.MIXERS`: gsa, gla, retnet, fox, or one of your own).
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
             (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
-        **options: fields of `t2r.layers.MixerOptions` (num_slots, feature_map, rope, ...).
+        **options: fields of the target's options (`t2r.MIXERS[target].options`: feature_map, rope, num_slots...).
     The source model is left untouched; the result shares no storage with it.
     """
     config = t2r_config(model.config, target, layers, source=source, **options)

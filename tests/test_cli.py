@@ -201,10 +201,10 @@ def test_help_and_version_import_nothing_heavy(tmp_path):
     script = ("import sys; sys.argv = ['t2r']; from t2r.cli import build_parser\n"
               "parser = build_parser(); parser.format_help()\n"
               "for command in parser._subparsers._group_actions[0].choices.values(): command.format_help()\n"
-              "print(sorted(m for m in ('torch', 'transformers', 't2r.layers', 't2r.models') if m in sys.modules))\n"
-              "import t2r; print(callable(t2r.convert), t2r.MIXERS)")
+              "print(sorted(m for m in ('torch', 'transformers', 't2r.layers.base', 't2r.models') if m in sys.modules))\n"
+              "import t2r; print(callable(t2r.convert), list(t2r.MIXERS))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.stdout.splitlines() == ["[]", "True ('gsa', 'gla', 'retnet', 'fox')"], done.stderr
+    assert done.stdout.splitlines() == ["[]", "True ['gsa', 'gla', 'retnet', 'fox']"], done.stderr
     done, _ = t2r_command(["--version"], tmp_path)
     from importlib.metadata import version
 
@@ -212,15 +212,16 @@ def test_help_and_version_import_nothing_heavy(tmp_path):
 
 
 def test_convert_flags_follow_the_mixer_options(tmp_path, capsys):
-    """Every MixerOptions field is a `t2r convert` flag; the help gives each default per target."""
+    """Every option of every registered mixer is a `t2r convert` flag; the help gives each default per target."""
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--rope true|false apply the source's rotary embedding to q and k (default: false for gsa, gla, " \
         "retnet; true for fox)" in text
-    assert "(default: 8 for gsa; 16 for gla)" in text and "(default 64)" in text
-    assert "--gate-low-rank-dim GATE_LOW_RANK_DIM GLA: rank of the low-rank forget-gate projection (default 16)" in text
-    assert "--fox-gate-bias FOX_GATE_BIAS FoX: initial forget-gate bias" in text and "(default 8)" in text
+    assert "(default: 8 for gsa; 16 for gla)" in text and "(gsa; default 64)" in text
+    assert "--gate-low-rank-dim GATE_LOW_RANK_DIM GLA: rank of the low-rank forget-gate projection (gla; default " \
+        "16)" in text
+    assert "--fox-gate-bias FOX_GATE_BIAS FoX: initial forget-gate bias" in text and "(fox; default 8)" in text
     save_tiny_source(tmp_path / "src")
     for target, flags, expected in (
             ("gla", ["--gate-low-rank-dim", "4", "--rope", "true"], {"gate_low_rank_dim": 4, "rope": True}),

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from t2r.layers import get_mixer
+
 MiB = 2**20
 
 
@@ -123,7 +125,7 @@ def _is_oom(error: BaseException) -> bool:
 def has_position_limit(config) -> bool:
     """True for models with softmax (or FoX) layers; all-recurrent converted models have no length limit."""
     mixers = getattr(config, "t2r_mixers", None)
-    return not mixers or any(m in ("softmax", "fox") for m in mixers)
+    return not mixers or any(m == "softmax" or not get_mixer(m).constant_memory for m in mixers)
 
 
 @torch.inference_mode()

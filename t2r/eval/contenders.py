@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from t2r.layers import get_mixer
 from t2r.models.cache import generation_memory
 
 
@@ -57,7 +58,7 @@ class Contender:
         """Longest sequence the model was built for (None for an all-recurrent model, which has no limit)."""
         config = self.model.config
         mixers = getattr(config, "t2r_mixers", None)
-        if mixers and all(m in ("gsa", "gla", "retnet") for m in mixers):
+        if mixers and all(m != "softmax" and get_mixer(m).constant_memory for m in mixers):
             return None
         return getattr(config, "max_position_embeddings", None)
 

@@ -1,29 +1,34 @@
-"""Converted attention layers: each takes the source attention's projections and adds a small gate."""
+"""Converted attention layers: each takes the source attention's projections and adds a small gate.
 
-from t2r.layers.base import ConvertedAttention
-from t2r.layers.fox import ForgettingAttention
-from t2r.layers.gla import GatedLinearAttention
-from t2r.layers.gsa import GatedSlotAttention
-from t2r.layers.options import FEATURE_MAPS, MIXERS, MixerOptions
-from t2r.layers.retnet import RetentionAttention
+The registry and options import no torch; the layer classes load on first use (PEP 562), so that
+`t2r.layers.registry` stays light for the command line.
+"""
 
-MIXER_CLASSES = {
-    "gsa": GatedSlotAttention,
-    "gla": GatedLinearAttention,
-    "retnet": RetentionAttention,
-    "fox": ForgettingAttention,
+from t2r.layers.options import FEATURE_MAPS, FoXOptions, GLAOptions, GSAOptions, MixerOptions, RetNetOptions
+from t2r.layers.registry import MIXERS, MixerSpec, get_mixer, register_mixer, resolve_options, unregister_mixer
+
+_LAZY = {
+    "ConvertedAttention": "t2r.layers.base", "RecurrentMixer": "t2r.layers.base",
+    "GatedSlotAttention": "t2r.layers.gsa", "GatedLinearAttention": "t2r.layers.gla",
+    "RetentionAttention": "t2r.layers.retnet", "ForgettingAttention": "t2r.layers.fox",
+    "RecurrentStateLayer": "t2r.layers.state", "GatedKVLayer": "t2r.layers.state",
 }
 
-RECURRENT_MIXERS = ("gsa", "gla", "retnet")
-"""Mixers with a fixed-size state (constant memory per sequence); FoX keeps K/V."""
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 't2r.layers' has no attribute {name!r}")
 
 
-def build_mixer(target: str, attention, config, layer_idx: int, options: MixerOptions) -> ConvertedAttention:
+def build_mixer(target: str, attention, config, layer_idx: int, options: MixerOptions):
     """Replace one softmax attention module by the `target` mixer, reusing its projections."""
-    return MIXER_CLASSES[target](attention, config, layer_idx, options)
+    return get_mixer(target).layer_class(attention, config, layer_idx, options)
 
 
 __all__ = [
-    "ConvertedAttention", "ForgettingAttention", "GatedLinearAttention", "GatedSlotAttention", "RetentionAttention",
-    "MixerOptions", "MIXERS", "FEATURE_MAPS", "MIXER_CLASSES", "RECURRENT_MIXERS", "build_mixer",
+    *_LAZY, "MixerOptions", "GSAOptions", "GLAOptions", "RetNetOptions", "FoXOptions", "FEATURE_MAPS",
+    "MIXERS", "MixerSpec", "get_mixer", "register_mixer", "unregister_mixer", "resolve_options", "build_mixer",
 ]

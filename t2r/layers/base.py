@@ -13,6 +13,7 @@ from torch import nn
 
 from t2r.layers.feature_maps import FEATURE_MAP_FUNCTIONS
 from t2r.layers.options import MixerOptions
+from t2r.layers.state import RecurrentStateLayer
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -32,15 +33,21 @@ def head_rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 class ConvertedAttention(nn.Module):
-    """Base of every converted mixer: projections, feature map, RoPE and padding, shared by all targets.
+    """Base of every converted mixer: projections, feature map, RoPE and output, shared by all targets.
 
-    Subclasses implement `mix(hidden_states, q, k, v, state, output_final_state, cu_seqlens)`, which returns
-    the per-head output `[B, T, HQ, V]` and the new recurrent state.
+    The contract a mixer implements (`t2r.layers.registry` names the class):
+    - `mix(hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens)` -> per-head output
+      `[B, T, HQ, V]`, reading and writing its own state in the cache;
+    - `cache_layer(options)` -> the `T2RCache` layer holding that state (`t2r.layers.state`);
+    - `state_bytes(options, heads, kv_heads, head_dim, element_size)` -> (fixed bytes, bytes per token)
+      of that state for one sequence.
+    `RecurrentMixer` implements all three for a fixed-size recurrent state.
     """
 
     target: str = ""
-    num_states: int = 1
-    """Recurrent state tensors per layer kept by the generation cache (GSA keeps two)."""
+    needs_full_padding_mask: bool = False
+    """The 2D padding mask over every cached token (FoX's softmax reads them), rather than over this call's
+    tokens only, and none during single-token decode (a recurrent state has no padding to skip)."""
 
     def __init__(self, attention: nn.Module, config, layer_idx: int, options: MixerOptions):
         super().__init__()
@@ -75,28 +82,60 @@ class ConvertedAttention(nn.Module):
         return q, k, v
 
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
-        length = hidden_states.shape[1]
         q, k, v = self.project(hidden_states, position_embeddings)
-        if attention_mask is not None:
-            # 2D padding mask: a padded token writes nothing (k = v = 0). Exact for left padding,
-            # where the state is still zero while the gates decay it.
-            keep = attention_mask[:, -length:, None, None].to(k.dtype)
-            k, v = k * keep, v * keep
-        state = past_key_values.get_state(self.layer_idx) if past_key_values is not None else None
-        o, new_state = self.mix(
-            hidden_states, q, k, v, state,
-            output_final_state=past_key_values is not None,
-            cu_seqlens=kwargs.get("cu_seq_lens_q"),
-        )
-        if past_key_values is not None:
-            past_key_values.set_state(self.layer_idx, new_state, length)
+        o = self.mix(hidden_states, q, k, v, attention_mask=attention_mask, past_key_values=past_key_values,
+                     cu_seqlens=kwargs.get("cu_seq_lens_q"))
         if self.options.output_norm:
             o = head_rms_norm(o)
         o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
         return self.o_proj(o), None
 
-    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def cache_layer(cls, options: MixerOptions):
+        raise NotImplementedError
+
+    @classmethod
+    def state_bytes(cls, options: MixerOptions, heads: int, kv_heads: int, head_dim: int,
+                    element_size: int) -> tuple[int, int]:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"target={self.target}, heads={self.num_heads}/{self.num_kv_heads}, head_dim={self.head_dim}"
+
+
+class RecurrentMixer(ConvertedAttention):
+    """A mixer with a fixed-size recurrent state: subclasses implement `recur`, the op over one call's tokens.
+
+    `recur(hidden_states, q, k, v, state, output_final_state, cu_seqlens)` returns the output `[B,T,HQ,V]` and
+    the new state (a tensor, or a tuple of `num_states` tensors), kept in fp32 by the cache.
+    """
+
+    num_states: int = 1
+
+    def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens):
+        if attention_mask is not None:
+            # 2D padding mask: a padded token writes nothing (k = v = 0). Exact for left padding,
+            # where the state is still zero while the gates decay it.
+            keep = attention_mask[:, -q.shape[1]:, None, None].to(k.dtype)
+            k, v = k * keep, v * keep
+        state = past_key_values.get_state(self.layer_idx) if past_key_values is not None else None
+        o, new_state = self.recur(hidden_states, q, k, v, state, output_final_state=past_key_values is not None,
+                                  cu_seqlens=cu_seqlens)
+        if past_key_values is not None:
+            past_key_values.set_state(self.layer_idx, new_state, q.shape[1])
+        return o
+
+    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+        raise NotImplementedError
+
+    @classmethod
+    def cache_layer(cls, options: MixerOptions):
+        return RecurrentStateLayer(number_of_states=cls.num_states)
+
+    @classmethod
+    def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
+        """One fp32 `[H, K, V]` state per kv head (GLA, retention); GSA overrides it."""
+        return cls.num_states * kv_heads * head_dim * head_dim * 4, 0

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import initialization as init
 
 from t2r.layers.base import ConvertedAttention
+from t2r.layers.state import GatedKVLayer
 from t2r.ops.fox import forgetting_attention
 
 
@@ -34,18 +35,25 @@ class ForgetGate(nn.Module):
 
 class ForgettingAttention(ConvertedAttention):
     target = "fox"
+    needs_full_padding_mask = True
 
     def __init__(self, attention, config, layer_idx, options):
         super().__init__(attention, config, layer_idx, options)
         self.forget_gate = ForgetGate(self.hidden_size, self.num_heads, options.fox_gate_bias)
 
-    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
-        q, k, v = self.project(hidden_states, position_embeddings)
+    def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens):
         g = self.forget_gate(hidden_states)
         if past_key_values is not None:
             k, v, g = past_key_values.update_with_gates(k, v, g, self.layer_idx)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None
-        o = forgetting_attention(q, k, v, g, attention_mask=attention_mask, cu_seqlens=kwargs.get("cu_seq_lens_q"))
-        o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
-        return self.o_proj(o), None
+        return forgetting_attention(q, k, v, g, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+
+    @classmethod
+    def cache_layer(cls, options):
+        return GatedKVLayer()
+
+    @classmethod
+    def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
+        """K/V per token plus one fp32 log forget gate per query head."""
+        return 0, 2 * kv_heads * head_dim * element_size + heads * 4

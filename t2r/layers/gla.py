@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from t2r.layers.base import ConvertedAttention
+from t2r.layers.base import RecurrentMixer
 from t2r.ops.gla import gla
 
 
@@ -41,7 +41,7 @@ class LowRankForgetGate(nn.Module):
         init.copy_(self.bias, torch.tensor(bias))
 
 
-class GatedLinearAttention(ConvertedAttention):
+class GatedLinearAttention(RecurrentMixer):
     target = "gla"
 
     def __init__(self, attention, config, layer_idx, options):
@@ -51,6 +51,6 @@ class GatedLinearAttention(ConvertedAttention):
             options.gate_logit_normalizer,
         )
 
-    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         g = self.gate(hidden_states)
         return gla(q, k, v, g, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -8,11 +8,11 @@ parameter: hidden -> kv_heads x num_slots.
 import torch.nn.functional as F
 from torch import nn
 
-from t2r.layers.base import ConvertedAttention
+from t2r.layers.base import RecurrentMixer
 from t2r.ops.gsa import gsa
 
 
-class GatedSlotAttention(ConvertedAttention):
+class GatedSlotAttention(RecurrentMixer):
     target = "gsa"
     num_states = 2
 
@@ -22,7 +22,12 @@ class GatedSlotAttention(ConvertedAttention):
         self.gate_logit_normalizer = options.gate_logit_normalizer
         self.slot_gate = nn.Linear(self.hidden_size, self.num_kv_heads * self.num_slots, bias=False)
 
-    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    @classmethod
+    def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
+        """K~ `[H, K, M]` and V~ `[H, M, V]` in fp32."""
+        return 2 * kv_heads * head_dim * options.num_slots * 4, 0
+
+    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         logits = self.slot_gate(hidden_states).float()
         g = F.logsigmoid(logits).view(*hidden_states.shape[:-1], self.num_kv_heads, self.num_slots)
         g = g / self.gate_logit_normalizer

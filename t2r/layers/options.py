@@ -1,79 +1,107 @@
-"""Options of the recurrent mixers, validated once, saved in the model config as a plain dict."""
+"""Options of the converted mixers: one dataclass per target, validated once, saved in the model config as a dict.
+
+This module imports neither torch nor transformers: `t2r --help` builds the `t2r convert` flags from these
+classes (their fields, defaults and `help` metadata). A new mixer may define its options class next to its
+layer instead; the built-in ones live here so the command line stays light.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-
-MIXERS = ("gsa", "gla", "retnet", "fox")
-"""Recurrent targets a softmax attention layer can be converted to."""
+from dataclasses import asdict, dataclass, field, fields
 
 FEATURE_MAPS = ("identity", "relu", "swish", "elu1")
+_FIELD_TYPES = {"str": str, "bool": bool, "int": int, "float": (int, float)}
+
+
+def option(default, help: str):
+    """A dataclass field whose `help` becomes the text of its `t2r convert` flag."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class MixerOptions:
-    """How a converted layer computes its mixer; `None` fields take the per-target default below.
+    """What every converted layer decides: the feature map, RoPE and the output norm.
 
-    Defaults follow the T2R setting of the GSA paper (sec. 4.2): ReLU feature maps for GLA and RetNet,
-    no Swish output gate; GSA keeps its softmax over slots and the Swish feature map of eq. 9.
-    RoPE: dropped for GSA, GLA and RetNet, as in the paper's converted models (their decays carry
-    position), and because it measured farther from the source at conversion for GLA and RetNet
-    (SmolLM2, `benchmarks/conversion_distance.py`: KL 6.45 nats/token without RoPE vs 8.72 with;
-    GSA 5.36 either way).
-    Kept for FoX, which is softmax attention with a forget gate: with RoPE it starts as the source model.
-    When kept, RoPE is applied after the feature map.
+    A subclass per target sets its own defaults (redeclaring a field with a plain default keeps the help
+    written here) and adds its own fields. When RoPE is kept it is applied after the feature map.
     """
 
-    feature_map: str | None = None
-    """Map applied to q and k before the mixer: identity | relu | swish | elu1."""
-    rope: bool | None = None
-    """Apply the source model's rotary embedding to q and k (default: FoX only, see above)."""
-    output_norm: bool | None = None
-    """Per-head RMS normalisation of the mixer output (no learnable weight): needed by unnormalised
-    linear attention (GLA, RetNet; SUPRA's finding), not by GSA or FoX whose outputs are averages of v."""
-    num_slots: int = 64
-    """GSA: memory slots per kv head (M)."""
-    gate_logit_normalizer: float | None = None
-    """Damping tau of the gates: log alpha = logsigmoid(W x) / tau (GSA eq. 8 uses tau = 8; GLA 16)."""
-    gate_low_rank_dim: int = 16
-    """GLA: rank of the low-rank forget-gate projection."""
-    fox_gate_bias: float = 8.0
-    """FoX: initial bias of the forget gate; logsigmoid(8) ~ -3.4e-4 per token keeps the converted
-    model within a small bias of the source over a few thousand tokens."""
+    feature_map: str = option("identity", "map applied to q and k before the mixer")
+    rope: bool = option(False, "apply the source's rotary embedding to q and k")
+    output_norm: bool = option(False, "per-head RMS norm of the mixer output (no weight)")
 
-    @staticmethod
-    def defaults(target: str) -> dict:
-        return {
-            "gsa": dict(feature_map="swish", rope=False, output_norm=False, gate_logit_normalizer=8.0),
-            "gla": dict(feature_map="relu", rope=False, output_norm=True, gate_logit_normalizer=16.0),
-            "retnet": dict(feature_map="relu", rope=False, output_norm=True),
-            "fox": dict(feature_map="identity", rope=True, output_norm=False),
-        }[target]
-
-    @classmethod
-    def resolve(cls, target: str, **overrides) -> "MixerOptions":
-        """Options for `target` with user overrides; raises ValueError naming any bad field."""
-        if target not in MIXERS:
-            raise ValueError(f"unknown target {target!r}: choose one of {', '.join(MIXERS)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown conversion option(s) {unknown}; valid options: {sorted(known)}")
-        values = cls.defaults(target)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        options = cls(**values)
-        options.validate(target)
-        return options
-
-    def validate(self, target: str) -> None:
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field; subclasses extend it."""
+        for f in fields(self):
+            expected, value = _FIELD_TYPES.get(str(f.type)), getattr(self, f.name)
+            if expected and (not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)):
+                raise ValueError(f"{f.name} must be a {f.type}, got {value!r}")
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map={self.feature_map!r} is not one of {FEATURE_MAPS}")
-        if target == "gsa" and (not isinstance(self.num_slots, int) or self.num_slots <= 0):
-            raise ValueError(f"num_slots must be a positive integer, got {self.num_slots!r} (GSA paper uses 64)")
-        if self.gate_logit_normalizer is not None and self.gate_logit_normalizer <= 0:
-            raise ValueError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
-        if target == "gla" and self.gate_low_rank_dim <= 0:
-            raise ValueError(f"gate_low_rank_dim must be > 0, got {self.gate_low_rank_dim}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+GATE_DAMPING_HELP = "gate damping tau: log alpha = logsigmoid(W x) / tau (GSA eq. 8 uses 8, GLA 16)"
+
+
+def _positive(name: str, value, what: str, kind=(int, float)) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        raise ValueError(f"{name} must be a positive {what}, got {value!r}")
+
+
+@dataclass
+class GSAOptions(MixerOptions):
+    """Gated slot attention, in the T2R setting of the GSA paper (sec. 4.2): the Swish feature map of eq. 9,
+    softmax over slots, no output gate. RoPE dropped as in the paper's converted models (the decays carry
+    position; KL to the source at conversion is 5.36 nats/token either way, `benchmarks/conversion_distance.py`).
+    """
+
+    feature_map: str = "swish"
+    num_slots: int = option(64, "GSA: memory slots per kv head (M)")
+    gate_logit_normalizer: float = option(8.0, GATE_DAMPING_HELP)
+
+    def validate(self) -> None:
+        super().validate()
+        _positive("num_slots", self.num_slots, "integer (the GSA paper uses 64)", int)
+        _positive("gate_logit_normalizer", self.gate_logit_normalizer, "number")
+
+
+@dataclass
+class GLAOptions(MixerOptions):
+    """Gated linear attention with ReLU feature maps and the per-head output norm of unnormalised linear
+    attention (SUPRA's finding). RoPE dropped: it measured farther from the source at conversion (SmolLM2:
+    KL 6.45 nats/token without RoPE vs 8.72 with)."""
+
+    feature_map: str = "relu"
+    output_norm: bool = True
+    gate_logit_normalizer: float = option(16.0, GATE_DAMPING_HELP)
+    gate_low_rank_dim: int = option(16, "GLA: rank of the low-rank forget-gate projection")
+
+    def validate(self) -> None:
+        super().validate()
+        _positive("gate_logit_normalizer", self.gate_logit_normalizer, "number")
+        _positive("gate_low_rank_dim", self.gate_low_rank_dim, "integer", int)
+
+
+@dataclass
+class RetNetOptions(MixerOptions):
+    """Retention: as GLA (ReLU, output norm, no RoPE), with fixed decays and no new parameter."""
+
+    feature_map: str = "relu"
+    output_norm: bool = True
+
+
+@dataclass
+class FoXOptions(MixerOptions):
+    """Forgetting attention: softmax attention with a forget gate, so RoPE is kept and a converted layer
+    starts as its source."""
+
+    rope: bool = True
+    fox_gate_bias: float = option(
+        8.0, "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)")

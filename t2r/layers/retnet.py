@@ -8,7 +8,7 @@ import math
 import torch
 from transformers import initialization as init
 
-from t2r.layers.base import ConvertedAttention
+from t2r.layers.base import RecurrentMixer
 from t2r.ops.simple_gla import simple_gla
 
 
@@ -17,7 +17,7 @@ def retention_log_decays(num_heads: int) -> torch.Tensor:
     return torch.tensor([math.log(1 - 2 ** (-5 - h)) for h in range(num_heads)], dtype=torch.float32)
 
 
-class RetentionAttention(ConvertedAttention):
+class RetentionAttention(RecurrentMixer):
     target = "retnet"
 
     def __init__(self, attention, config, layer_idx, options):
@@ -28,7 +28,7 @@ class RetentionAttention(ConvertedAttention):
         """Recompute the (non-persistent) decays when the model is materialised from the meta device."""
         init.copy_(self.log_decay, retention_log_decays(self.num_kv_heads))
 
-    def mix(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         batch, length = q.shape[:2]
         g = self.log_decay.to(q.device).expand(batch, length, -1)
         return simple_gla(q, k, v, g, initial_state=state, output_final_state=output_final_state,

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from t2r.layers import MIXERS, RECURRENT_MIXERS, MixerOptions
-
-LAYER_MIXERS = (*MIXERS, "softmax")
+from t2r.layers import MIXERS, MixerOptions, get_mixer
 
 
 @dataclass(kw_only=True)
@@ -27,9 +25,9 @@ class T2RConfigMixin:
 
     layer_types: list[str] | None = None
     t2r_mixers: list[str] | None = None
-    """Per layer: gsa | gla | retnet | fox | softmax."""
+    """Per layer: a registered mixer (`t2r.layers.MIXERS`) or `softmax`."""
     t2r_options: dict | None = None
-    """Per target (key), the resolved `MixerOptions` as a dict."""
+    """Per target (key), its resolved options (`MixerSpec.options`) as a dict."""
     t2r_source: str | None = None
     """Where the source model came from (hub id, directory, file.gguf or `smollm2`): the default baseline of
     `t2r eval`."""
@@ -40,23 +38,25 @@ class T2RConfigMixin:
             self.t2r_mixers = ["softmax"] * n
         if len(self.t2r_mixers) != n:
             raise ValueError(f"t2r_mixers has {len(self.t2r_mixers)} entries for {n} layers")
-        bad = sorted({m for m in self.t2r_mixers if m not in LAYER_MIXERS})
+        bad = sorted({m for m in self.t2r_mixers if m not in MIXERS and m != "softmax"})
         if bad:
-            raise ValueError(f"unknown mixer(s) {bad} in t2r_mixers; choose from {LAYER_MIXERS}")
+            raise ValueError(f"unknown mixer(s) {bad} in t2r_mixers; choose from {[*MIXERS, 'softmax']} "
+                             "(a mixer of your own must be registered with t2r.layers.register_mixer before loading)")
         self.t2r_options = dict(self.t2r_options or {})
-        for target in set(self.t2r_mixers) - {"softmax"}:
-            self.t2r_options[target] = MixerOptions.resolve(target, **self.t2r_options.get(target, {})).to_dict()
+        for target in sorted(set(self.t2r_mixers) - {"softmax"}):
+            saved = self.t2r_options.get(target, {})
+            self.t2r_options[target] = get_mixer(target).options_from_config(saved).to_dict()
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * n
         self.layer_types = [
-            "linear_attention" if mixer in RECURRENT_MIXERS else
+            "linear_attention" if mixer != "softmax" and get_mixer(mixer).constant_memory else
             ("full_attention" if layer_type == "linear_attention" else layer_type)
             for mixer, layer_type in zip(self.t2r_mixers, self.layer_types)
         ]
 
     def mixer_options(self, layer_idx: int) -> MixerOptions:
         target = self.t2r_mixers[layer_idx]
-        return MixerOptions(**self.t2r_options[target])
+        return get_mixer(target).options(**self.t2r_options[target])
 
     base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 

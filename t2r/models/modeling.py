@@ -59,9 +59,17 @@ class T2RModelMixin:
         """The mask each kind of layer needs: causal (full or sliding) for softmax, 2D padding for the rest."""
         kwargs = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                       past_key_values=past_key_values, position_ids=position_ids)
-        masks = {kind: _MASK_FUNCTIONS[kind](**kwargs) for kind in set(self.config.layer_types)}
-        masks["fox"] = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        kinds = set(self.config.layer_types) | {"linear_attention"}
+        masks = {kind: _MASK_FUNCTIONS[kind](**kwargs) for kind in kinds}
+        masks["padding"] = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
         return masks
+
+    def layer_mask(self, masks: dict, layer_idx: int):
+        """Softmax layers: the source's causal mask; converted layers: the 2D padding mask they ask for."""
+        attention = self.layers[layer_idx].self_attn
+        if isinstance(attention, ConvertedAttention):
+            return masks["padding"] if attention.needs_full_padding_mask else masks["linear_attention"]
+        return masks[self.config.layer_types[layer_idx]]
 
     @merge_with_config_defaults
     @capture_outputs
@@ -81,10 +89,8 @@ class T2RModelMixin:
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for layer_idx, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
-            mixer = self.config.t2r_mixers[layer_idx]
-            mask = masks["fox"] if mixer == "fox" else masks[self.config.layer_types[layer_idx]]
             hidden_states = decoder_layer(
-                hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
+                hidden_states, attention_mask=self.layer_mask(masks, layer_idx), position_embeddings=position_embeddings,
                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache, **kwargs,
             )
         hidden_states = self.norm(hidden_states)

@@ -20,12 +20,24 @@ import yaml
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import HELD_OUT, EvalSettings
-from t2r.layers.options import MIXERS, MixerOptions
+from t2r.layers import MIXERS, get_mixer
 from t2r.paths import check_model_spec, is_local
 
 from .fields import RecipeError, build, coerce, plain, suggest
 
-TARGETS = (*MIXERS, "none")
+
+
+class _Targets:
+    """`convert.target` choices: the registered mixers (read when checked, so registered ones count) or none."""
+
+    def __iter__(self):
+        return iter((*MIXERS, "none"))
+
+    def __contains__(self, name) -> bool:
+        return name in MIXERS or name == "none"
+
+
+TARGETS = _Targets()
 DTYPES = DTYPE_NAMES
 SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
@@ -211,7 +223,7 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     if train.trainable != "lora" and recipe.lora is not None:
         raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
                           "set train.trainable=lora or remove the lora section")
-    if train.trainable == "gates" and convert.target in ("none", "retnet"):
+    if train.trainable == "gates" and (convert.target == "none" or not get_mixer(convert.target).adds_parameters):
         raise RecipeError(f"train.trainable: 'gates' trains the new gates, and target {convert.target!r} adds none; "
                           "use train.trainable=attention or all")
     if convert.target == "none":
@@ -222,13 +234,18 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     else:
         if convert.layers is not None and not _LAYERS.fullmatch(convert.layers):
             raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1'")
-        hints = typing.get_type_hints(MixerOptions)
+        spec = get_mixer(convert.target)
+        hints = typing.get_type_hints(spec.options)
         for key, value in convert.options.items():
             if key not in hints:
+                owners = [name for name, other in MIXERS.items() if key in other.options.field_names()]
+                if owners:
+                    raise RecipeError(f"convert.options.{key}: an option of {', '.join(owners)}, not of "
+                                      f"{convert.target}; remove it, or set convert.options={{}} for its defaults")
                 raise RecipeError(f"convert.options.{key}: unknown option{suggest(key, list(hints))}")
             convert.options[key] = coerce(value, hints[key], f"convert.options.{key}")
         try:
-            MixerOptions.resolve(convert.target, **convert.options)
+            spec.resolve_options(**convert.options)
         except (ValueError, TypeError) as err:
             raise RecipeError(f"convert.options: {err}") from None
     for tracker in recipe.logging.trackers:  # accelerate would only warn, then log nothing

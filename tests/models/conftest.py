@@ -7,6 +7,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from t2r.layers import MIXERS
+
 COMMON = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -41,7 +43,7 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
 
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-TARGETS = ("gsa", "gla", "retnet", "fox")
+TARGETS = tuple(MIXERS)  # every registered target
 
 
 @pytest.fixture(params=ARCHS)
@@ -52,3 +54,8 @@ def arch(request):
 @pytest.fixture(params=TARGETS)
 def target(request):
     return request.param
+
+
+def small(target: str) -> dict:
+    """Options that keep a tiny model tiny: 8 GSA slots (other targets have no slots)."""
+    return {"num_slots": 8} if "num_slots" in MIXERS[target].options.field_names() else {}

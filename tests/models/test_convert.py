@@ -5,17 +5,17 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import t2r
-from t2r.layers import MIXER_CLASSES
-from tests.models.conftest import tiny_source
+from t2r.layers import get_mixer
+from tests.models.conftest import small, tiny_source
 
 
 def test_converts_every_architecture_to_every_target(arch, target):
     source = tiny_source(arch)
-    model = t2r.convert(source, target, num_slots=8)
+    model = t2r.convert(source, target, **small(target))
     assert model.config.model_type == f"t2r_{arch}"
     assert model.config.t2r_mixers == [target] * 3
     for layer in model.model.layers:
-        assert isinstance(layer.self_attn, MIXER_CLASSES[target])
+        assert isinstance(layer.self_attn, get_mixer(target).layer_class)
     # every source weight is reused unchanged, under the same name
     converted = model.state_dict()
     for name, tensor in source.state_dict().items():
@@ -43,7 +43,7 @@ def test_added_parameters_are_only_the_gates(arch):
         "fox": layers * heads * (hidden + 1),                                   # per-head forget gate
     }
     for target, added in expected.items():
-        report = t2r.conversion_report(source, t2r.convert(source, target, num_slots=8))
+        report = t2r.conversion_report(source, t2r.convert(source, target, **small(target)))
         assert report.added_parameters == added, target
         assert report.source_parameters == sum(p.numel() for p in source.parameters())
 
@@ -88,7 +88,7 @@ def test_qwen2_keeps_qkv_biases():
 
 def test_qwen3_converted_layers_reuse_the_source_qk_norms(target):
     source = tiny_source("qwen3")
-    model = t2r.convert(source, target, num_slots=8)
+    model = t2r.convert(source, target, **small(target))
     attn = model.model.layers[0].self_attn
     assert type(attn.q_norm).__name__ == "Qwen3RMSNorm" and type(attn.k_norm).__name__ == "Qwen3RMSNorm"
     assert dict(model.named_parameters())["model.layers.0.self_attn.q_norm.weight"] is attn.q_norm.weight
@@ -140,11 +140,13 @@ def test_options_are_recorded_in_the_config():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(target="mamba"), "unknown target"),
+        (dict(target="mamba"), "unknown mixer 'mamba': choose one of gsa, gla, retnet, fox"),
         (dict(target="gsa", num_slots=0), "num_slots must be a positive integer"),
         (dict(target="gsa", num_slots=-3), "num_slots must be a positive integer"),
         (dict(target="gla", feature_map="tanh"), "feature_map"),
-        (dict(target="gla", slots=4), "unknown conversion option"),
+        (dict(target="gla", slots=4), r"\['slots'\] do not apply to gla \(slots is no option\)"),
+        (dict(target="gla", num_slots=4), "do not apply to gla .num_slots is an option of gsa"),
+        (dict(target="fox", output_norm="yes"), "output_norm must be a bool, got 'yes'"),
         (dict(target="gla", layers=[5]), "out of range"),
         (dict(target="gla", layers=[]), "selects no layer"),
     ],
@@ -169,3 +171,13 @@ def test_converting_twice_is_refused():
     model = t2r.convert(tiny_source("llama"), "gla")
     with pytest.raises(ValueError, match="already converted"):
         t2r.convert(model, "gsa")
+
+
+def test_every_target_honours_output_norm(target):
+    """The option goes through the shared layer contract, FoX included (it used to bypass it)."""
+    source, ids = tiny_source("llama"), torch.randint(3, 97, (1, 9))
+    default = t2r.convert(source, target, **small(target))
+    flipped = t2r.convert(source, target, output_norm=not default.config.t2r_options[target]["output_norm"],
+                          **small(target))
+    with torch.no_grad():
+        assert not torch.allclose(default(ids).logits, flipped(ids).logits, atol=1e-4)

@@ -27,7 +27,7 @@ def test_triton_and_torch_backends_agree(arch, target, length, monkeypatch):
     dtype, tol = torch.bfloat16, 5e-2
     # head_dim 64 as in SmolLM2: the kernels' real shapes
     model = t2r.convert(tiny_source(arch, hidden_size=256, num_attention_heads=4, num_key_value_heads=2),
-                        target, num_slots=64).to("cuda", dtype).train()
+                        target).to("cuda", dtype).train()
     ids = torch.randint(3, 97, (2, length), device="cuda")
     logits_torch, grads_torch = run(model, ids, "torch", monkeypatch)
     logits_triton, grads_triton = run(model, ids, "triton", monkeypatch)
@@ -40,7 +40,7 @@ def test_triton_and_torch_backends_agree(arch, target, length, monkeypatch):
 
 def test_prefill_then_decode_on_cuda(arch, target):
     model = t2r.convert(tiny_source(arch, hidden_size=256, num_attention_heads=4, num_key_value_heads=2),
-                        target, num_slots=64).to("cuda", torch.bfloat16).eval()
+                        target).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(3, 97, (3, 90), device="cuda")
     with torch.no_grad():
         full = model(ids, use_cache=False).logits

@@ -5,7 +5,7 @@ import torch
 
 import t2r
 from t2r.models.cache import GatedKVLayer, RecurrentStateLayer
-from tests.models.conftest import tiny_source
+from tests.models.conftest import small, tiny_source
 
 TOL = dict(rtol=1e-4, atol=1e-4)  # fp32: chunkwise prefill vs recurrent steps differ only by rounding
 
@@ -13,7 +13,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)  # fp32: chunkwise prefill vs recurrent steps d
 def converted(arch, target, **kw):
     """A converted tiny model whose new gate parameters are drawn at random: at their deliberate
     init FoX's forget gates are ~0 (bias 8), so a gate the cache dropped or mangled would not show."""
-    model = t2r.convert(tiny_source(arch), target, num_slots=8, **kw)
+    model = t2r.convert(tiny_source(arch), target, **small(target), **kw)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -4,7 +4,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.models.conftest import small, tiny_source
 
 GATES = {"gsa": ["slot_gate"], "gla": ["gate"], "retnet": [], "fox": ["forget_gate"]}
 
@@ -16,7 +16,7 @@ def lora(model, target):
 
 
 def test_lora_changes_the_converted_layers_and_trains_only_adapters_and_gates(target, tmp_path):
-    base = t2r.convert(tiny_source("llama"), target, num_slots=8)
+    base = t2r.convert(tiny_source("llama"), target, **small(target))
     ids = torch.randint(3, 97, (2, 12))
     with torch.no_grad():
         before = base(ids).logits
@@ -30,7 +30,7 @@ def test_lora_changes_the_converted_layers_and_trains_only_adapters_and_gates(ta
     assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
 
     model.save_pretrained(tmp_path)
-    fresh = t2r.convert(tiny_source("llama"), target, num_slots=8)
+    fresh = t2r.convert(tiny_source("llama"), target, **small(target))
     reloaded = PeftModel.from_pretrained(fresh, tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, after)

@@ -8,11 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.models.conftest import small, tiny_source
 
 
 def test_save_load_round_trip(tmp_path, arch, target):
-    model = t2r.convert(tiny_source(arch), target, num_slots=8, layers=[0, 2])
+    model = t2r.convert(tiny_source(arch), target, **small(target), layers=[0, 2])
     with torch.no_grad():  # move the gates off their initial values so loading them is really checked
         for name, p in model.named_parameters():
             if "gate" in name:

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.models.conftest import small, tiny_source
 
 
 def test_one_step_reduces_loss_and_trains_the_gates(target):
-    model = t2r.convert(tiny_source("llama"), target, num_slots=8).train()
+    model = t2r.convert(tiny_source("llama"), target, **small(target)).train()
     ids = torch.randint(3, 97, (4, 24))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = model(ids, labels=ids).loss
@@ -29,7 +29,7 @@ def test_one_step_reduces_loss_and_trains_the_gates(target):
 
 def test_packed_documents_equal_separate_runs(target):
     """cu_seq_lens_q (as transformers' flattening collator passes it) keeps documents apart."""
-    model = t2r.convert(tiny_source("qwen2"), target, num_slots=8)
+    model = t2r.convert(tiny_source("qwen2"), target, **small(target))
     a, b = torch.randint(3, 97, (1, 10)), torch.randint(3, 97, (1, 7))
     packed = torch.cat([a, b], 1)
     position_ids = torch.cat([torch.arange(10), torch.arange(7)])[None]

@@ -214,3 +214,9 @@ def test_bare_yes_no_words_are_the_choices_they_name(tmp_path):
     recipe.write_text("model: {source: x}\nconvert: {target: gsa}\ndata: {path: a/b}\n"
                       "train: {tokens_per_step: 2048, max_steps: 1, mixed_precision: no}\n")
     assert load_recipe(recipe).train.mixed_precision == "no"
+
+
+def test_an_option_of_another_target_names_the_fix():
+    with pytest.raises(RecipeError, match=r"convert.options.num_slots: an option of gsa, not of gla; remove it, or "
+                                          r"set convert.options=\{\} for its defaults"):
+        make("convert.target=gla", "convert.options.num_slots=8")
