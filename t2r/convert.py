@@ -55,6 +55,9 @@ def check_convertible(config) -> None:
             f"unsupported architecture {model_type!r}: t2r converts {', '.join(sorted(ARCHITECTURES))} models "
             "(decoder-only, rotary embeddings, q/k/v/o projections)"
         )
+    problem = ARCHITECTURES[model_type].unsupported(config)
+    if problem:
+        raise ValueError(f"{model_type}: {problem}; t2r cannot convert this model yet")
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
@@ -145,7 +148,7 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
-        model: a loaded Llama, Mistral, Qwen2 or Qwen3 causal LM (`t2r.ARCHITECTURES`; hub, local or GGUF; any dtype
+        model: a loaded Llama, Mistral, Qwen2, Qwen3 or Gemma 3 text causal LM (`t2r.ARCHITECTURES`; hub, local or GGUF; any dtype
             and device).
         target: a registered mixer (`t2r.MIXERS`: gsa, gla, retnet, fox, or one of your own).
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.

@@ -57,6 +57,8 @@ class ConvertedAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.hidden_size = config.hidden_size
+        # the source's softmax scale on q.k (Gemma 3: query_pre_attn_scalar ** -0.5), kept by every mixer
+        self.scaling = getattr(attention, "scaling", self.head_dim ** -0.5)
         self.q_proj, self.k_proj = attention.q_proj, attention.k_proj
         self.v_proj, self.o_proj = attention.v_proj, attention.o_proj
         # per-head q/k RMSNorm of the source attention (Qwen3), reused: applied before the feature map and RoPE

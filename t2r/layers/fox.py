@@ -47,7 +47,8 @@ class ForgettingAttention(ConvertedAttention):
             k, v, g = past_key_values.update_with_gates(k, v, g, self.layer_idx)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None
-        return forgetting_attention(q, k, v, g, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        return forgetting_attention(q, k, v, g, scale=self.scaling, attention_mask=attention_mask,
+                                    cu_seqlens=cu_seqlens)
 
     @classmethod
     def cache_layer(cls, options):

@@ -31,5 +31,5 @@ class RetentionAttention(RecurrentMixer):
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         batch, length = q.shape[:2]
         g = self.log_decay.to(q.device).expand(batch, length, -1)
-        return simple_gla(q, k, v, g, initial_state=state, output_final_state=output_final_state,
+        return simple_gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,
                           cu_seqlens=cu_seqlens)

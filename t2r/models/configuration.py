@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from t2r.layers import MIXERS, MixerOptions, get_mixer
 
@@ -48,11 +48,17 @@ class T2RConfigMixin:
             self.t2r_options[target] = get_mixer(target).options_from_config(saved).to_dict()
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * n
+        if not self.marks_recurrent_layers:
+            return
         self.layer_types = [
             "linear_attention" if mixer != "softmax" and get_mixer(mixer).constant_memory else
             ("full_attention" if layer_type == "linear_attention" else layer_type)
             for mixer, layer_type in zip(self.t2r_mixers, self.layer_types)
         ]
+
+    marks_recurrent_layers = True
+    """Mark constant-memory layers `linear_attention` in `layer_types`; off where the source keys more on its
+    own layer types (Gemma 3: one rotary embedding per type, and its config check refuses other types)."""
 
     def mixer_options(self, layer_idx: int) -> MixerOptions:
         target = self.t2r_mixers[layer_idx]
@@ -83,3 +89,9 @@ class T2RQwen2Config(T2RConfigMixin, Qwen2Config):
 @strict
 class T2RQwen3Config(T2RConfigMixin, Qwen3Config):
     model_type = "t2r_qwen3"
+
+
+@strict
+class T2RGemma3TextConfig(T2RConfigMixin, Gemma3TextConfig):
+    model_type = "t2r_gemma3_text"
+    marks_recurrent_layers = False

@@ -9,7 +9,7 @@ a forward that hands each layer the mask it needs, and the recurrent-state cache
 
 import torch
 from transformers import (
-    LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
+    Gemma3ForCausalLM, Gemma3TextModel, LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
     Qwen3Model,
 )
 from transformers.masking_utils import (
@@ -21,7 +21,9 @@ from transformers.utils.output_capturing import capture_outputs
 
 from t2r.layers import ConvertedAttention, build_mixer
 from t2r.models.cache import T2RCache
-from t2r.models.configuration import T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config
+from t2r.models.configuration import (
+    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config,
+)
 
 _MASK_FUNCTIONS = {
     "full_attention": create_causal_mask,
@@ -71,6 +73,11 @@ class T2RModelMixin:
             return masks["padding"] if attention.needs_full_padding_mask else masks["linear_attention"]
         return masks[self.config.layer_types[layer_idx]]
 
+    def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
+        """(cos, sin) per layer type: one rotary embedding shared by every layer in most sources."""
+        shared = self.rotary_emb(hidden_states, position_ids=position_ids)
+        return dict.fromkeys(set(self.config.layer_types), shared)
+
     @merge_with_config_defaults
     @capture_outputs
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -87,10 +94,11 @@ class T2RModelMixin:
 
         masks = self.layer_masks(attention_mask, inputs_embeds, past_key_values, position_ids)
         hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        position_embeddings = self.position_embeddings_by_type(hidden_states, position_ids)
         for layer_idx, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
             hidden_states = decoder_layer(
-                hidden_states, attention_mask=self.layer_mask(masks, layer_idx), position_embeddings=position_embeddings,
+                hidden_states, attention_mask=self.layer_mask(masks, layer_idx),
+                position_embeddings=position_embeddings[self.config.layer_types[layer_idx]],
                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache, **kwargs,
             )
         hidden_states = self.norm(hidden_states)
@@ -158,3 +166,18 @@ class T2RQwen3Model(T2RModelMixin, Qwen3Model):
 class T2RQwen3ForCausalLM(T2RCausalLMMixin, Qwen3ForCausalLM):
     config: T2RQwen3Config
     base_model_class = T2RQwen3Model
+
+
+class T2RGemma3TextModel(T2RModelMixin, Gemma3TextModel):
+    """Gemma 3 text: the scaled embedding is the source's own `embed_tokens`; RoPE differs per layer type
+    (local base 10k for sliding layers, 1M for global ones), and a converted FoX layer keeps its source's."""
+
+    config: T2RGemma3TextConfig
+
+    def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
+        return {kind: self.rotary_emb(hidden_states, position_ids, kind) for kind in set(self.config.layer_types)}
+
+
+class T2RGemma3ForCausalLM(T2RCausalLMMixin, Gemma3ForCausalLM):
+    config: T2RGemma3TextConfig
+    base_model_class = T2RGemma3TextModel

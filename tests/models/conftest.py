@@ -3,7 +3,7 @@
 import pytest
 import torch
 from transformers import (
-    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
     Qwen3ForCausalLM,
 )
 
@@ -35,6 +35,19 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif arch == "gemma3_text":
+        fields = {**COMMON, **overrides}
+        n = fields["num_hidden_layers"]
+        config = Gemma3TextConfig(**{
+            "head_dim": fields["hidden_size"] // fields["num_attention_heads"],
+            "query_pre_attn_scalar": 12,  # not head_dim: a mixer that ignores the source's scale shows up
+            "sliding_window": 16, "layer_types": ["full_attention" if i % 2 else "sliding_attention" for i in range(n)],
+            **fields})
+        model = Gemma3ForCausalLM(config)
+        with torch.no_grad():  # norms start at zero (Gemma scales by 1 + w): make them matter
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.uniform_(-0.5, 0.5)
     else:
         raise ValueError(arch)
     with torch.no_grad():  # a pad embedding that is not zero, so missing padding masks show up
@@ -42,7 +55,7 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
     return model.eval()
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 TARGETS = tuple(MIXERS)  # every registered target
 
 
