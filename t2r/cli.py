@@ -494,7 +494,7 @@ def check_recipe_data(recipe) -> None:
     """The data checks of `finetune`, before anything loads (and in --dry-run): the first documents of every
     local file, then, when the tokenizer is a local directory, one packed row of each part."""
     from t2r.data.check import check_files, check_rows
-    from t2r.data.sources import is_local
+    from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
 
     cfg = recipe.data.data_config()

@@ -27,14 +27,14 @@ def test_local_or_hub(tmp_path, monkeypatch, spec, local):
 
 
 def test_existing_paths_are_local_and_every_loader_shares_the_rule(tmp_path, monkeypatch):
-    from t2r.data import sources as data_sources
+    from t2r.data import documents
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "owner").mkdir()
     (tmp_path / "owner" / "name").mkdir()
     (tmp_path / "a.jsonl").write_text("{}\n")
     assert paths.is_local("owner/name") and paths.is_local("a.jsonl") and paths.is_local("*.jsonl")
-    assert data_sources.is_local is paths.is_local
+    assert documents.is_local is paths.is_local
     paths.check_model_spec("owner/name")
     for spec in ("smollm2", "none", None, "someone/name"):
         paths.check_model_spec(spec)

@@ -2,6 +2,6 @@
 
 from .config import DataConfig
 from .packing import PackedSequences, collate_packed
-from .sources import load_documents
+from .documents import load_documents
 
 __all__ = ["DataConfig", "PackedSequences", "collate_packed", "load_documents"]

@@ -31,7 +31,7 @@ class DataError(ValueError):
 def check_files(cfg: DataConfig, limit: int | None = SAMPLE_DOCUMENTS) -> int | None:
     """Read the first `limit` documents of every local file of `cfg` (all of them when None). Returns the
     number of documents when every file was read to its end, else None; hub ids are not checked (None)."""
-    from .sources import is_local, local_files
+    from .documents import is_local, local_files
 
     path = os.path.expanduser(cfg.path)
     if not is_local(path):
@@ -55,7 +55,7 @@ def check_rows(cfg: DataConfig, tokenizer, seq_len: int, seed: int) -> None:
     """DataError unless the training part, and the held-out part when `cfg.held_out`, each give at least
     one packed row of `seq_len` tokens (the held-out loss is nan without one)."""
     from .packing import PackedSequences
-    from .sources import load_documents
+    from .documents import load_documents
 
     for part in ("train", "validation") if cfg.held_out else ("train",):
         rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, seq_len)

@@ -90,7 +90,7 @@ class EvalSettings:
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"passkey_depths must lie in [0, 1], got {self.passkey_depths}")
         if self.data not in (None, HELD_OUT):
-            from t2r.data.sources import is_local, local_files
+            from t2r.data.documents import is_local, local_files
 
             if is_local(self.data):
                 local_files(self.data)  # raises naming the missing file or unsupported suffix

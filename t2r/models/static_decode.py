@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from t2r.layers import get_mixer
 from t2r.models.cache import T2RCache
-
-FIXED_STATE_MIXERS = ("gsa", "gla", "retnet")
 
 
 def check_static_decodable(model) -> None:
@@ -25,7 +24,7 @@ def check_static_decodable(model) -> None:
     if mixers is None:
         raise ValueError("static decoding needs a model converted by t2r.convert with every layer gsa, gla or "
                          "retnet; this is an unconverted (softmax) model: use model.generate(...) instead")
-    others = {i: m for i, m in enumerate(mixers) if m not in FIXED_STATE_MIXERS}
+    others = {i: m for i, m in enumerate(mixers) if m == "softmax" or not get_mixer(m).constant_memory}
     if others:
         listed = ", ".join(f"{i} ({m})" for i, m in others.items())
         raise ValueError(
@@ -61,8 +60,8 @@ class StaticStateCache(T2RCache):
                 continue
             for buf, s in zip(self.buffers[layer_idx], states, strict=True):
                 if buf.shape != s.shape:
-                    raise ValueError(f"layer {layer_idx}: state {tuple(s.shape)} does not fit buffer {tuple(buf.shape)} "
-                                     "(another batch size?); build a StaticDecoder for this batch size")
+                    raise ValueError(f"layer {layer_idx}: state {tuple(s.shape)} does not fit the buffer "
+                                     f"{tuple(buf.shape)} (another batch size?); build a StaticDecoder for it")
                 buf.copy_(s)
         self.seen_tokens = cache.get_seq_length()
 

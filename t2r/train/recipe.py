@@ -261,7 +261,7 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
         except (ValueError, ImportError) as err:
             raise RecipeError(f"eval: {err}") from None
     if check_files:
-        from t2r.data.sources import local_files
+        from t2r.data.documents import local_files
 
         try:  # one rule for local paths vs hub ids (t2r.paths): a missing local path fails here, by name
             check_model_spec(recipe.model.source)

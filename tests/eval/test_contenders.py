@@ -107,7 +107,8 @@ def test_window_mask_same_under_eager_attention_and_in_bf16(arch):
                                atol=1e-5, rtol=0)
     bf16 = Contender("bf16", tiny_source(arch).to(torch.bfloat16), window=5, sinks=2).logits(ids)
     assert bf16.dtype == torch.float32  # logits come back in fp32
-    torch.testing.assert_close(bf16, reference, atol=5e-2, rtol=0)
+    # bf16 keeps ~3 digits: the tolerance follows the logits' scale (Gemma's reach ~16, Llama's ~1)
+    torch.testing.assert_close(bf16, reference, atol=5e-2 * max(1.0, reference.abs().max().item()), rtol=0)
 
 
 # --- which tokens the last query can see ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from t2r.data import DataConfig
-from t2r.data.sources import load_documents
+from t2r.data.documents import load_documents
 from t2r.eval.contenders import Contender
 from t2r.eval.perplexity import bucket_edges, pool_by_position, position_perplexity, token_nll, token_rows
 from tests.data.conftest import char_tokenizer
@@ -193,8 +193,8 @@ def test_token_rows_too_short_raises(tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_position_perplexity_window_covering_rows_equals_source(arch):
-    # Mistral without its own sliding window (a 4D mask replaces it; see test_contenders)
-    model = tiny_source(arch, **({"sliding_window": None} if arch == "mistral" else {}))
+    # sources with sliding layers get a window past the rows (a 4D mask replaces it; see test_contenders)
+    model = tiny_source(arch, **({"sliding_window": 128} if arch in ("mistral", "gemma3_text") else {}))
     ids = random_ids(3, 80, seed=5)
     source, window = position_perplexity(
         [Contender("source", model), Contender("window", model, window=80, sinks=4)], ids, batch_size=2,

@@ -115,3 +115,24 @@ def test_models_with_growing_kv_caches_are_refused(target, layers):
 def test_unconverted_model_is_refused():
     with pytest.raises(ValueError, match="model.generate"):
         StaticDecoder(tiny_source("llama"), batch_size=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # PyTorch ops / Triton kernels
+@pytest.mark.parametrize("target", ["gsa", "gla", "retnet"])
+def test_cuda_graph_replay_equals_the_eager_static_step(target, dtype):
+    model = converted(target).to("cuda", dtype)
+    _, batch, mask = prompts()
+    batch, mask = batch.cuda(), mask.cuda()
+    graph = StaticDecoder(model, 2)
+    eager = StaticDecoder(model, 2, use_cuda_graph=False)
+    got, got_logits = greedy_generate(model, batch, mask, N_NEW, eos_token_id=[], decoder=graph, return_logits=True)
+    want, want_logits = greedy_generate(model, batch, mask, N_NEW, eos_token_id=[], decoder=eager,
+                                        return_logits=True)
+    assert graph.graph is not None and torch.equal(got, want)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # the same kernels; bf16 leaves room for cuBLAS' choice
+    for a, b in zip(got_logits, want_logits):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    ptrs = [b.data_ptr() for bufs in graph.cache.buffers.values() for b in bufs]  # a second run replays
+    again = greedy_generate(model, batch, mask, N_NEW, eos_token_id=[], decoder=graph)
+    assert torch.equal(again, want) and ptrs == [b.data_ptr() for bufs in graph.cache.buffers.values() for b in bufs]

@@ -7,7 +7,7 @@ import pytest
 from datasets import Dataset
 
 from t2r.data import DataConfig, load_documents
-from t2r.data import sources
+from t2r.data import documents
 
 
 def docs(path, seed=0, part="train", **kw):
@@ -134,7 +134,7 @@ def test_hub_id_goes_to_load_dataset_streaming(monkeypatch):
         data = Dataset.from_dict({"text": [f"doc {i}" for i in range(6)], "meta": list(range(6))})
         return data.to_iterable_dataset(num_shards=2) if kw["streaming"] else data
 
-    monkeypatch.setattr(sources, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(documents, "load_dataset", fake_load_dataset)
     cfg = DataConfig(path="someone/corpus", name="en", split="train", held_out=2)
     train = list(load_documents(cfg, seed=0))
     assert calls[-1] == ("someone/corpus", "en", {"split": "train", "streaming": True})
