@@ -138,6 +138,39 @@ def run_cell(make, device, repeats):
         torch.cuda.empty_cache() if device.type == "cuda" else None
 
 
+def write_table(rows, args, device, dtype, final: bool = False) -> None:
+    """The table so far, written after every cell (a run cut short by a time limit keeps what it measured)."""
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    lines = [
+        f"Decode step, {args.shape} shape (random weights), {dtype}, device: {name}",
+        f"torch {torch.__version__}, transformers {transformers.__version__}, triton {triton_version}, "
+        f"python {platform.python_version()}",
+        "",
+        "| batch | context | model | path | ms / step | tokens/s | cache MiB | peak extra MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for batch, context, label, path, result in rows:
+        if isinstance(result, str):
+            lines.append(f"| {batch} | {context} | {label} | {path} | {result} | | | |")
+            continue
+        ms, cache_bytes, peak = result
+        peak_text = mib(peak) if peak is not None else "-"
+        lines.append(f"| {batch} | {context} | {label} | {path} | {ms:.2f} | {batch * 1e3 / ms:,.0f} | "
+                     f"{mib(cache_bytes)} | {peak_text} |")
+    table = "\n".join(lines)
+    print(table) if final else None
+    out = args.out or Path(__file__).parent / "results" / f"decode_{name.replace(' ', '_')}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table + "\n\nCommand: python " + " ".join(sys.argv) + "\n")
+    print(f"written to {out}") if final else None
+
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -179,38 +212,11 @@ def main() -> None:
                 rows.append((batch, context, label, path, result))
                 print(f"batch {batch} context {context} {label} [{path}]: "
                       + (result if isinstance(result, str) else f"{result[0]:.2f} ms"), flush=True)
+                write_table(rows, args, device, dtype)
             if compile_forward:
                 torch._dynamo.reset()  # one compiled source per cell; free its graphs
 
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "not installed"
-    lines = [
-        f"Decode step, {args.shape} shape (random weights), {dtype}, device: {name}",
-        f"torch {torch.__version__}, transformers {transformers.__version__}, triton {triton_version}, "
-        f"python {platform.python_version()}",
-        "",
-        "| batch | context | model | path | ms / step | tokens/s | cache MiB | peak extra MiB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for batch, context, label, path, result in rows:
-        if isinstance(result, str):
-            lines.append(f"| {batch} | {context} | {label} | {path} | {result} | | | |")
-            continue
-        ms, cache_bytes, peak = result
-        peak_text = mib(peak) if peak is not None else "-"
-        lines.append(f"| {batch} | {context} | {label} | {path} | {ms:.2f} | {batch * 1e3 / ms:,.0f} | "
-                     f"{mib(cache_bytes)} | {peak_text} |")
-    table = "\n".join(lines)
-    print(table)
-    out = args.out or Path(__file__).parent / "results" / f"decode_{name.replace(' ', '_')}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(table + "\n\nCommand: python " + " ".join(sys.argv) + "\n")
-    print(f"written to {out}")
-
+    write_table(rows, args, device, dtype, final=True)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""t2r: turn pretrained Transformers (Llama, Mistral, Qwen2, Qwen3, Gemma 3) into linear-time RNNs.
+"""t2r: turn pretrained Transformers (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) into linear-time RNNs.
 
 `import t2r` registers the converted model types with transformers' Auto classes, so a converted
 model saved with `save_pretrained` loads back through `AutoModelForCausalLM.from_pretrained(dir)`.

@@ -52,8 +52,8 @@ def check_convertible(config) -> None:
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise ValueError(
-            f"unsupported architecture {model_type!r}: t2r converts {', '.join(sorted(ARCHITECTURES))} models "
-            "(decoder-only, rotary embeddings, q/k/v/o projections)"
+            f"unsupported architecture {model_type!r}: t2r converts {', '.join(ARCHITECTURES)} models "
+            "(decoder-only, rotary embeddings, q/k/v (or fused qkv) and o projections)"
         )
     problem = ARCHITECTURES[model_type].unsupported(config)
     if problem:
@@ -148,8 +148,8 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
-        model: a loaded Llama, Mistral, Qwen2, Qwen3 or Gemma 3 text causal LM (`t2r.ARCHITECTURES`; hub, local or GGUF; any dtype
-            and device).
+        model: a loaded Llama, Mistral, Qwen2, Qwen3, Phi-3 or Gemma 3 text causal LM (`t2r.ARCHITECTURES`;
+            hub, local or GGUF; any dtype and device).
         target: a registered mixer (`t2r.MIXERS`: gsa, gla, retnet, fox, or one of your own).
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config

@@ -16,15 +16,26 @@ from t2r.layers.options import MixerOptions
 from t2r.layers.state import RecurrentStateLayer
 
 
+REUSED_MODULES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm")
+"""Submodules a converted layer takes from the source attention, under their source names: pretrained, never
+new gates (`qkv_proj`: Phi-3's fused projection; `q_norm` / `k_norm`: Qwen3's and Gemma 3's per-head norms)."""
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary embedding for `[B, T, H, D]` tensors; `cos`, `sin` are `[B, T, D]` as the source model makes them."""
+    """Rotary embedding for `[B, T, H, D]` tensors; `cos`, `sin` are `[B, T, R]` as the source model makes them.
+    R < D (partial RoPE, e.g. Phi-3's `partial_rotary_factor`): the first R channels rotate, the rest pass."""
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    rotary = cos.shape[-1]
+    if rotary == q.shape[-1]:
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    (q_rot, q_pass), (k_rot, k_pass) = q.split([rotary, q.shape[-1] - rotary], -1), k.split([rotary, k.shape[-1] - rotary], -1)
+    return (torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], -1),
+            torch.cat([k_rot * cos + rotate_half(k_rot) * sin, k_pass], -1))
 
 
 def head_rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -59,8 +70,12 @@ class ConvertedAttention(nn.Module):
         self.hidden_size = config.hidden_size
         # the source's softmax scale on q.k (Gemma 3: query_pre_attn_scalar ** -0.5), kept by every mixer
         self.scaling = getattr(attention, "scaling", self.head_dim ** -0.5)
-        self.q_proj, self.k_proj = attention.q_proj, attention.k_proj
-        self.v_proj, self.o_proj = attention.v_proj, attention.o_proj
+        self.fused_qkv = hasattr(attention, "qkv_proj")
+        if self.fused_qkv:  # q | k | v along the output features
+            self.qkv_proj = attention.qkv_proj
+        else:
+            self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
+        self.o_proj = attention.o_proj
         # per-head q/k RMSNorm of the source attention (Qwen3), reused: applied before the feature map and RoPE
         self.q_norm, self.k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.feature_map = FEATURE_MAP_FUNCTIONS[options.feature_map]
@@ -68,9 +83,14 @@ class ConvertedAttention(nn.Module):
     def project(self, hidden_states, position_embeddings):
         """q `[B,T,HQ,D]`, k and v `[B,T,H,D]` after the feature map and (optionally) RoPE."""
         batch, length, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        if self.fused_qkv:
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(hidden_states).split([self.num_heads * self.head_dim, kv_width, kv_width], -1)
+        else:
+            q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.feature_map(q), self.feature_map(k)

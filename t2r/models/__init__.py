@@ -5,11 +5,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from t2r.models.architectures import ARCHITECTURES, SourceAdapter
 from t2r.models.cache import T2RCache
 from t2r.models.configuration import (
-    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config,
+    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )
 from t2r.models.modeling import (
     T2RGemma3ForCausalLM, T2RGemma3TextModel, T2RLlamaForCausalLM, T2RLlamaModel, T2RMistralForCausalLM,
-    T2RMistralModel, T2RQwen2ForCausalLM, T2RQwen2Model, T2RQwen3ForCausalLM, T2RQwen3Model,
+    T2RMistralModel, T2RPhi3ForCausalLM, T2RPhi3Model, T2RQwen2ForCausalLM, T2RQwen2Model, T2RQwen3ForCausalLM,
+    T2RQwen3Model,
 )
 
 for _config, _model, _causal_lm in (adapter.classes for adapter in ARCHITECTURES.values()):
@@ -22,5 +23,6 @@ __all__ = [
     "T2RLlamaConfig", "T2RMistralConfig", "T2RQwen2Config", "T2RQwen3Config",
     "T2RLlamaModel", "T2RLlamaForCausalLM", "T2RMistralModel", "T2RMistralForCausalLM",
     "T2RQwen2Model", "T2RQwen2ForCausalLM", "T2RQwen3Model", "T2RQwen3ForCausalLM",
+    "T2RPhi3Config", "T2RPhi3Model", "T2RPhi3ForCausalLM",
     "T2RGemma3TextConfig", "T2RGemma3TextModel", "T2RGemma3ForCausalLM",
 ]

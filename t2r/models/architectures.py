@@ -3,8 +3,10 @@
 An adapter names the converted classes of a source (each subclasses the source's own class, so parameter
 names and the decoder layers stay the source's) and says what differs between sources around attention:
 
-- q/k/v: read from separate `q_proj`, `k_proj`, `v_proj` (every source so far; a fused `qkv_proj` would need
-  a rule in `ConvertedAttention.project`);
+- q/k/v: separate `q_proj`, `k_proj`, `v_proj`, or Phi-3's fused `qkv_proj` (q | k | v), kept under the
+  source's names (`ConvertedAttention.project`);
+- RoPE over the whole head, or the first channels only (Phi-3's `partial_rotary_factor`): the width of the
+  source's own cos/sin says which (`apply_rope`);
 - q/k norms: a converted layer reuses the source attention's per-head `q_norm` / `k_norm` modules when it has
   them (Qwen3, Gemma 3), applied where the source applies them, before the feature map and RoPE;
 - the softmax scale: the source attention's `scaling` (Gemma 3: `query_pre_attn_scalar ** -0.5`);
@@ -24,11 +26,12 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from t2r.models.configuration import (
-    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config,
+    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )
 from t2r.models.modeling import (
     T2RGemma3ForCausalLM, T2RGemma3TextModel, T2RLlamaForCausalLM, T2RLlamaModel, T2RMistralForCausalLM,
-    T2RMistralModel, T2RQwen2ForCausalLM, T2RQwen2Model, T2RQwen3ForCausalLM, T2RQwen3Model,
+    T2RMistralModel, T2RPhi3ForCausalLM, T2RPhi3Model, T2RQwen2ForCausalLM, T2RQwen2Model, T2RQwen3ForCausalLM,
+    T2RQwen3Model,
 )
 
 
@@ -77,6 +80,7 @@ ARCHITECTURES: dict[str, SourceAdapter] = {
     "mistral": SourceAdapter(T2RMistralConfig, T2RMistralModel, T2RMistralForCausalLM),
     "qwen2": SourceAdapter(T2RQwen2Config, T2RQwen2Model, T2RQwen2ForCausalLM),
     "qwen3": SourceAdapter(T2RQwen3Config, T2RQwen3Model, T2RQwen3ForCausalLM),
+    "phi3": SourceAdapter(T2RPhi3Config, T2RPhi3Model, T2RPhi3ForCausalLM),
     "gemma3_text": SourceAdapter(T2RGemma3TextConfig, T2RGemma3TextModel, T2RGemma3ForCausalLM, _gemma3_unsupported),
 }
 """Source architectures that can be converted, keyed by the source config's `model_type`."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
-from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from t2r.layers import MIXERS, MixerOptions, get_mixer
 
@@ -89,6 +89,11 @@ class T2RQwen2Config(T2RConfigMixin, Qwen2Config):
 @strict
 class T2RQwen3Config(T2RConfigMixin, Qwen3Config):
     model_type = "t2r_qwen3"
+
+
+@strict
+class T2RPhi3Config(T2RConfigMixin, Phi3Config):
+    model_type = "t2r_phi3"
 
 
 @strict

@@ -9,7 +9,7 @@ a forward that hands each layer the mask it needs, and the recurrent-state cache
 
 import torch
 from transformers import (
-    Gemma3ForCausalLM, Gemma3TextModel, LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
+    Gemma3ForCausalLM, Gemma3TextModel, LlamaForCausalLM, Phi3ForCausalLM, Phi3Model, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
     Qwen3Model,
 )
 from transformers.masking_utils import (
@@ -22,7 +22,7 @@ from transformers.utils.output_capturing import capture_outputs
 from t2r.layers import ConvertedAttention, build_mixer
 from t2r.models.cache import T2RCache
 from t2r.models.configuration import (
-    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RQwen2Config, T2RQwen3Config,
+    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )
 
 _MASK_FUNCTIONS = {
@@ -166,6 +166,15 @@ class T2RQwen3Model(T2RModelMixin, Qwen3Model):
 class T2RQwen3ForCausalLM(T2RCausalLMMixin, Qwen3ForCausalLM):
     config: T2RQwen3Config
     base_model_class = T2RQwen3Model
+
+
+class T2RPhi3Model(T2RModelMixin, Phi3Model):
+    config: T2RPhi3Config
+
+
+class T2RPhi3ForCausalLM(T2RCausalLMMixin, Phi3ForCausalLM):
+    config: T2RPhi3Config
+    base_model_class = T2RPhi3Model
 
 
 class T2RGemma3TextModel(T2RModelMixin, Gemma3TextModel):

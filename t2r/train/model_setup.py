@@ -8,17 +8,15 @@ from torch import nn
 
 from t2r.convert import convert
 from t2r.dtypes import torch_dtype
-from t2r.layers.base import ConvertedAttention
+from t2r.layers.base import REUSED_MODULES, ConvertedAttention
 from t2r.sources import load_source
 
-REUSED = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
-"""Submodules a converted layer takes from the source attention: pretrained, never new gates."""
 
 
 def _added_children(attention: ConvertedAttention) -> dict[str, nn.Module]:
     """The parameterised submodules conversion added to one attention module (its gates), by name."""
     return {name: child for name, child in attention.named_children()
-            if name not in REUSED and any(True for _ in child.parameters())}
+            if name not in REUSED_MODULES and any(True for _ in child.parameters())}
 
 
 def new_modules(attention: ConvertedAttention) -> nn.ModuleList:
@@ -63,9 +61,9 @@ def select_trainable(model: nn.Module, recipe) -> nn.Module:
         from peft import LoraConfig, get_peft_model
 
         lora = recipe.lora
-        check_lora_targets(model, lora.target_modules)
-        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                            target_modules=list(lora.target_modules),
+        targets = lora.target_modules or attention_projections(model)
+        check_lora_targets(model, targets)
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(targets),
                             modules_to_save=new_module_names(model) or None)
         return get_peft_model(model, config)
     if mode == "all":
@@ -80,6 +78,12 @@ def select_trainable(model: nn.Module, recipe) -> nn.Module:
         is_gate = in_attention and any(f".self_attn.{g}." in name for g in gates)
         param.requires_grad_(is_gate if mode == "gates" else in_attention)
     return model
+
+
+def attention_projections(model: nn.Module) -> list[str]:
+    """The names of the attention projections `model` has (the default LoRA targets)."""
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return [name for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj") if name in present]
 
 
 def check_lora_targets(model: nn.Module, targets) -> None:

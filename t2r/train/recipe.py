@@ -116,7 +116,9 @@ class LoraSection:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] | None = None
+    """Modules that get adapters; default: the attention projections the source has (q_proj, k_proj, v_proj,
+    o_proj, or Phi-3's fused qkv_proj)."""
     RULES: ClassVar[dict] = {"r": {"min": 1}, "alpha": {"min": 1}, "dropout": {"min": 0, "lt": 1},
                              "target_modules": {"nonempty": True}}
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from transformers import (
-    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Phi3Config, Phi3ForCausalLM, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
     Qwen3ForCausalLM,
 )
 
@@ -35,6 +35,9 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif arch == "phi3":  # fused qkv_proj, RoPE on half of each head
+        config = Phi3Config(**{**COMMON, "partial_rotary_factor": 0.5, **overrides})
+        model = Phi3ForCausalLM(config)
     elif arch == "gemma3_text":
         fields = {**COMMON, **overrides}
         n = fields["num_hidden_layers"]
@@ -55,7 +58,7 @@ def tiny_source(arch: str, seed: int = 0, **overrides):
     return model.eval()
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 TARGETS = tuple(MIXERS)  # every registered target
 
 
