@@ -1,0 +1,128 @@
+"""Whole-model training throughput, converted vs original, side by side in one run.
+
+The same loop for every contender: fp32 master weights, bf16 autocast (on CUDA), fused AdamW, forward with
+labels, backward, step. A fixed number of tokens per step (`--tokens-per-step`) split into rows of `context`
+tokens; `--warmup` steps (Triton compiles, allocator) before `--steps` timed ones. Random weights with the shape
+of a real model (speed does not depend on their values). Prints a table and writes it, with the device and the
+command, to benchmarks/results/train_<device>.md.
+
+    python benchmarks/bench_train.py --shape smollm2 --contexts 2048 8192 16384
+    python benchmarks/bench_train.py --shape tiny --contexts 64 --tokens-per-step 256 --steps 1   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import t2r
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_generate import SHAPES as GENERATE_SHAPES  # noqa: E402
+
+SHAPES = {**GENERATE_SHAPES,
+          "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)}
+
+
+def contenders(source, targets, hybrid_every: int):
+    """(name, build) pairs: the source itself, each target on every layer, and GSA with every
+    `hybrid_every`-th layer left softmax."""
+    layers = source.config.num_hidden_layers
+    yield "source (SDPA)", lambda: source
+    for target in targets:
+        yield target, lambda target=target: t2r.convert(source, target)
+    if hybrid_every:
+        kept = set(range(hybrid_every - 1, layers, hybrid_every))
+        converted = [i for i in range(layers) if i not in kept]
+        yield f"gsa hybrid (1 in {hybrid_every} softmax)", lambda: t2r.convert(source, "gsa", layers=converted)
+
+
+def train_steps(model, context: int, tokens_per_step: int, warmup: int, steps: int, device) -> tuple[float, int, int]:
+    """(median ms per step, tokens per step, peak bytes) of the shared training loop."""
+    batch = max(1, tokens_per_step // context)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    times = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        with autocast:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+    return statistics.median(times), batch * context, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 16384])
+    parser.add_argument("--tokens-per-step", type=int, default=32768)
+    parser.add_argument("--targets", nargs="+", default=list(t2r.MIXERS))
+    parser.add_argument("--hybrid-every", type=int, default=10, help="0: no hybrid row")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    source = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape], attn_implementation="sdpa")).to(device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    header = [f"Training step, {args.shape} shape (random weights), fp32 weights + bf16 autocast, fused AdamW, "
+              f"{args.tokens_per_step} tokens per step, gradient checkpointing "
+              f"{'on' if args.gradient_checkpointing else 'off'}; device: {name}",
+              f"torch {torch.__version__}, transformers {transformers.__version__}; median of {args.steps} steps "
+              f"after {args.warmup}", "",
+              "| model | " + " | ".join(f"{c // 1024}K tokens/s | x source | peak GiB" if c % 1024 == 0 else
+                                    f"{c} tokens/s | x source | peak GiB" for c in args.contexts) + " |",
+              "|---|" + "---|---|---|" * len(args.contexts)]
+    rows, source_speed = [], {}
+    out = args.out or Path(__file__).parent / "results" / f"train_{name.replace(' ', '_')}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for label, build in contenders(source, args.targets, args.hybrid_every):
+        model, cells = build(), []
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        for context in args.contexts:
+            try:
+                ms, tokens, peak = train_steps(model, context, args.tokens_per_step, args.warmup, args.steps, device)
+            except torch.OutOfMemoryError:
+                cells.append("OOM | | ")
+                continue
+            finally:
+                gc.collect()
+                torch.cuda.empty_cache() if device.type == "cuda" else None
+            speed = tokens / ms * 1e3
+            source_speed.setdefault(context, speed)
+            cells.append(f"{speed:,.0f} | {speed / source_speed[context]:.2f} | "
+                         + (f"{peak / 2**30:.1f}" if peak else "-"))
+            print(f"{label} {context}: {ms:.1f} ms/step, {speed:,.0f} tokens/s", flush=True)
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        if model is not source:
+            del model
+        out.write_text("\n".join(header + rows) + "\n\nCommand: python " + " ".join(sys.argv) + "\n")
+    print("\n".join(header + rows))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
