@@ -69,6 +69,14 @@ def add_mixer_options(parser: argparse.ArgumentParser) -> None:
                             help=f"{field.metadata.get('help', name)} ({option_default(registry, name)})", **kwargs)
 
 
+def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None,
+                        help="text to rank layers on for --layers auto:N (file, directory or hub dataset; default: "
+                             "generated long documents); use text like the finetuning data")
+    parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
+    parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
+
+
 def version() -> str:
     try:
         from importlib.metadata import PackageNotFoundError, version as installed
@@ -103,8 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
     convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
     convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
-    convert.add_argument("--layers", default=None, help="layers to convert, e.g. '0-11,15' (default: all)")
+    convert.add_argument("--layers", default=None,
+                         help="layers to convert, e.g. '0-11,15' (default: all); 'auto:N' keeps the N layers most "
+                              "sensitive to conversion as softmax (ranked as by rank-layers; ranking in --out)")
+    add_calibration_arguments(convert)
     add_mixer_options(convert)
+
+    rank = commands.add_parser(
+        "rank-layers", help="rank layers by their sensitivity to conversion (for hybrids: keep the top N softmax)",
+        description="Convert one layer at a time and measure KL(source || converted) per token on sample text; "
+                    "writes ranking.json and ranking.png to --out. 'convert --layers auto:N' uses the same ranking.")
+    add_model_argument(rank, "source model: hub id, local directory, file.gguf or 'smollm2'")
+    rank.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
+    rank.add_argument("--out", required=True, help="directory for ranking.json and ranking.png")
+    rank.add_argument("--keep", type=int, default=None, help="highlight the N most sensitive layers (kept softmax)")
+    add_calibration_arguments(rank)
+    add_mixer_options(rank)
 
     finetune = commands.add_parser(
         "finetune", help="finetune a converted model from a recipe",
@@ -235,11 +257,12 @@ def run_convert(args) -> int:
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
     options = {name: getattr(args, name) for name in mixer_registry().option_names()
                if getattr(args, name) is not None}
-    model = convert(source, args.target, layers=args.layers, source=args.model, **options)
-    print(conversion_report(source, model))
     out = Path(args.out)
     tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
+    layers = calibrated_layers(args, source, tokenizer, options, tmp / "layer_ranking")
+    model = convert(source, args.target, layers=layers, source=args.model, **options)
+    print(conversion_report(source, model))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / CONVERSION_FILE).write_text(json.dumps(
@@ -252,6 +275,42 @@ def run_convert(args) -> int:
     note = fresh_conversion_note(out)
     if note:
         print(note)
+    return 0
+
+
+def calibrated_layers(args, source, tokenizer, options: dict, out_dir: Path):
+    """`args.layers`, or for `auto:N` the layers left after ranking (`t2r.eval.sensitivity`)."""
+    from t2r.eval.sensitivity import auto_softmax_count, resolve_layers
+
+    if auto_softmax_count(args.layers) is None:
+        return args.layers
+    from t2r.data.config import DataConfig
+
+    data = DataConfig(path=args.data) if args.data else None
+    layers = resolve_layers(args.layers, source, tokenizer, args.target, data=data, rows=args.calibration_rows,
+                            length=args.calibration_length, out_dir=out_dir, **options)
+    print(f"{args.layers}: converting layers {layers}; ranking in {out_dir.name}/")
+    return layers
+
+
+def run_rank_layers(args) -> int:
+    check_model_spec(args.model)
+    offline_if_unreachable(args.model)
+    from t2r.data.config import DataConfig
+    from t2r.eval.sensitivity import calibration_rows, rank_layers
+    from t2r.sources import load_source
+
+    source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
+    options = {name: getattr(args, name) for name in mixer_registry().option_names()
+               if getattr(args, name) is not None}
+    ids = calibration_rows(tokenizer, DataConfig(path=args.data) if args.data else None,
+                           args.calibration_rows, args.calibration_length)
+    ranking = rank_layers(source, args.target, ids, **options)
+    path = ranking.write(args.out, args.keep)
+    print(ranking.table())
+    if args.keep:
+        print(f"keep as softmax: {ranking.most_sensitive(args.keep)}; convert: {ranking.converted_layers(args.keep)}")
+    print(f"written to {path} and {path.with_suffix('.png')}")
     return 0
 
 
@@ -534,7 +593,7 @@ def _size(count: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
-                "eval": run_eval, "bench": run_bench, "cache": run_cache}
+                "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers}
     try:
         if args.command == "cache":
             return run_cache(args)

@@ -3,11 +3,14 @@ trainable parameters chosen (all, attention, the new gates only, or LoRA through
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from t2r.convert import convert
 from t2r.dtypes import torch_dtype
+from t2r.eval.sensitivity import resolve_layers
 from t2r.layers.base import REUSED_MODULES, ConvertedAttention
 from t2r.sources import load_source
 
@@ -42,7 +45,11 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     if recipe.convert.target == "none":
         model = source
     else:
-        model = convert(source, recipe.convert.target, layers=recipe.convert.layers, source=recipe.model.source,
+        layers = resolve_layers(recipe.convert.layers, source, tokenizer, recipe.convert.target,
+                                data=recipe.data.data_config(),
+                                length=min(512, recipe.data.seq_len),
+                                out_dir=Path(recipe.checkpoint.dir) / "layer_ranking", **recipe.convert.options)
+        model = convert(source, recipe.convert.target, layers=layers, source=recipe.model.source,
                         **recipe.convert.options)
         if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
             # convert() copies: the loaded source itself serves as the teacher, no second load

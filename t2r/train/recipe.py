@@ -47,6 +47,7 @@ TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("w
 """The packages accelerate looks for to run each tracker (any one of them)."""
 _LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
 _LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
+_AUTO = re.compile(r"\s*auto:\d+\s*")
 
 
 @dataclass
@@ -59,7 +60,9 @@ class ModelSection:
 @dataclass
 class ConvertSection:
     target: str  # gsa | gla | retnet | fox, or "none" to finetune the source model (baseline)
-    layers: str | None = None  # e.g. "0-15,20" (default: all layers)
+    layers: str | None = None
+    """Layers to convert, e.g. "0-15,20" (default: all); "auto:N" keeps the N layers most sensitive to conversion
+    as softmax, ranked on the training text (`t2r rank-layers`; the ranking is saved in <checkpoint.dir>)."""
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
     RULES: ClassVar[dict] = {"target": {"choices": TARGETS}}
 
@@ -234,8 +237,9 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
             if bad:
                 raise RecipeError(f"{what}: needs converted layers, but convert.target is 'none' (baseline)")
     else:
-        if convert.layers is not None and not _LAYERS.fullmatch(convert.layers):
-            raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1'")
+        if convert.layers is not None and not (_LAYERS.fullmatch(convert.layers) or _AUTO.fullmatch(convert.layers)):
+            raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1' or "
+                              "'auto:N' (keep the N most sensitive layers softmax)")
         spec = get_mixer(convert.target)
         hints = typing.get_type_hints(spec.options)
         for key, value in convert.options.items():

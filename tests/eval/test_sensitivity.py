@@ -1,0 +1,107 @@
+"""Layer sensitivity ranking: the measure itself, the auto:N choice, and its command-line and recipe entries."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from t2r.cli import main
+from t2r.eval import sensitivity
+from t2r.eval.sensitivity import LayerRanking, auto_softmax_count, rank_layers, resolve_layers
+from tests.models.conftest import tiny_source
+from tests.test_cli import save_tiny_source
+from tests.train.conftest import corpus, source_dir  # noqa: F401  (fixtures)
+
+IDS = torch.randint(3, 97, (3, 20), generator=torch.Generator().manual_seed(0))
+
+
+def test_a_layer_whose_attention_is_silenced_costs_nothing_to_convert():
+    """Zeroing layer 1's output projection makes its attention irrelevant: converting it must cost exactly 0,
+    and it ranks last; the other layers cost something."""
+    source = tiny_source("llama")
+    with torch.no_grad():
+        source.model.layers[1].self_attn.o_proj.weight.zero_()
+    ranking = rank_layers(source, "gsa", IDS, batch_size=2, progress=False, num_slots=4)
+    assert len(ranking.kl) == 3 and ranking.tokens == 3 * 19
+    assert ranking.kl[1] == pytest.approx(0.0, abs=1e-9)
+    assert min(ranking.kl[0], ranking.kl[2]) > 1e-4
+    assert 1 not in ranking.most_sensitive(2) and ranking.converted_layers(2) == [1]
+
+
+def test_fox_with_a_closed_forget_gate_is_the_source_at_every_layer():
+    ranking = rank_layers(tiny_source("qwen3"), "fox", IDS, progress=False, fox_gate_bias=30.0)
+    assert max(ranking.kl) < 1e-6
+
+
+def test_counts_and_specs():
+    ranking = LayerRanking("gsa", kl=[0.3, 0.1, 0.5, 0.2], tokens=10)
+    assert ranking.most_sensitive(2) == [0, 2] and ranking.converted_layers(2) == [1, 3]
+    assert ranking.converted_layers(0) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="keep between 0 and 3 of 4 layers"):
+        ranking.most_sensitive(4)
+    assert [auto_softmax_count(s) for s in ("auto:3", " auto:0", "0-3", None, [1], "auto:x")] == \
+        [3, 0, None, None, None, None]
+
+
+def test_write_saves_json_and_plot(tmp_path):
+    LayerRanking("gla", kl=[0.3, 0.1, 0.5], tokens=10).write(tmp_path, softmax_count=1)
+    saved = json.loads((tmp_path / "ranking.json").read_text())
+    assert (saved["order"], saved["softmax_layers"], saved["target"]) == ([2, 0, 1], [2], "gla")
+    assert (tmp_path / "ranking.png").stat().st_size > 1000
+
+
+def test_resolve_layers_reuses_a_saved_ranking_for_the_same_calibration(tmp_path, monkeypatch):
+    source = tiny_source("llama")
+    tokenizer_calls = []
+    monkeypatch.setattr(sensitivity, "calibration_rows", lambda *a, **k: tokenizer_calls.append(1) or IDS)
+    first = resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, progress=False, num_slots=4)
+    assert len(first) == 2 and tokenizer_calls == [1]
+    monkeypatch.setattr(sensitivity, "rank_layers", lambda *a, **k: pytest.fail("ranked again"))
+    assert resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, num_slots=4) == first
+    assert resolve_layers("0,2", source, None, "gsa", out_dir=tmp_path) == "0,2"  # not auto: untouched
+    with pytest.raises(ValueError, match="keep between 0 and 2 of 3 layers"):
+        resolve_layers("auto:3", source, None, "gsa")
+
+
+def write_words(path, documents=6, words=300):
+    rng = random.Random(0)
+    path.write_text("".join(json.dumps({"text": " ".join(f"w{rng.randrange(4, 97)}" for _ in range(words))}) + "\n"
+                            for _ in range(documents)))
+    return path
+
+
+def test_command_line_ranks_and_converts_with_auto_layers(tmp_path, capsys):
+    save_tiny_source(tmp_path / "src")
+    data = write_words(tmp_path / "text.jsonl")
+    common = ["--model", str(tmp_path / "src"), "--to", "gsa", "--num-slots", "4", "--device", "cpu",
+              "--data", str(data), "--calibration-rows", "2", "--calibration-length", "64"]
+    assert main(["rank-layers", *common, "--out", str(tmp_path / "rank"), "--keep", "1"]) == 0
+    printed = capsys.readouterr().out
+    ranking = json.loads((tmp_path / "rank" / "ranking.json").read_text())
+    assert f"keep as softmax: {ranking['softmax_layers']}" in printed and len(ranking["kl"]) == 3
+    assert main(["convert", *common, "--layers", "auto:1", "--out", str(tmp_path / "hybrid")]) == 0
+    config = json.loads((tmp_path / "hybrid" / "config.json").read_text())
+    kept = [i for i, m in enumerate(config["t2r_mixers"]) if m == "softmax"]
+    assert kept == ranking["softmax_layers"]  # same text, same ranking
+    assert (tmp_path / "hybrid" / "layer_ranking" / "ranking.png").is_file()
+
+
+def test_recipes_accept_auto_layers():
+    from t2r.train.recipe import RecipeError
+    from tests.train.test_recipe import make
+
+    assert make("convert.layers=auto:2").convert.layers == "auto:2"
+    with pytest.raises(RecipeError, match="or 'auto:N'"):
+        make("convert.layers=auto:two")
+
+
+def test_a_recipe_with_auto_layers_builds_the_ranked_hybrid(tmp_path, source_dir, corpus):
+    from t2r.train.model_setup import build_model
+    from tests.train.conftest import recipe
+
+    tiny = recipe(tmp_path, source_dir, corpus, **{"convert.layers": "auto:1"})
+    model, _, _ = build_model(tiny)
+    saved = json.loads((tmp_path / "run" / "layer_ranking" / "ranking.json").read_text())
+    assert [i for i, m in enumerate(model.config.t2r_mixers) if m == "softmax"] == saved["softmax_layers"]
+    assert saved["calibration"] == {"data": str(corpus), "rows": 4, "length": 32}
