@@ -21,6 +21,7 @@ VARIANTS = [
     ("gla", {}), ("gla", {"rope": True}),
     ("retnet", {}), ("retnet", {"rope": True}), ("retnet", {"output_norm": False}),
     ("fox", {}), ("fox", {"rope": False}),
+    ("gla", {"init": "teacher"}), ("fox", {"init": "teacher"}),   # with --teacher-text only
 ]
 
 
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--text-file", required=True, help="plain text, or JSONL(.gz) with a 'text' field")
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--teacher-text", default=None,
+                        help="text to measure the source's look-back on for the init=teacher rows (other text than "
+                             "--text-file); without it those rows are skipped")
     args = parser.parse_args()
     source, tokenizer = load_source(args.model)
     ids = tokenizer(read_text(args.text_file), return_tensors="pt")["input_ids"][:, : args.tokens]
@@ -53,8 +57,18 @@ def main() -> None:
         return -logp[0, :-1].gather(-1, ids[0, 1:, None]).mean().item()
 
     rows = [("source", "", 0.0, nll(reference))]
+    lookback = None
+    if args.teacher_text:
+        from t2r.data.config import DataConfig
+        from t2r.eval.lookback import teacher_lookback
+
+        lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.teacher_text))
     for target, options in VARIANTS:
-        logp = t2r.convert(source, target, **options)(ids).logits.log_softmax(-1)
+        teacher = options.get("init") == "teacher"
+        if teacher and lookback is None:
+            continue
+        kwargs = {k: v for k, v in options.items() if k != "init"}
+        logp = t2r.convert(source, target, lookback=lookback if teacher else None, **kwargs)(ids).logits.log_softmax(-1)
         kl = torch.nn.functional.kl_div(logp, reference, log_target=True, reduction="none").sum(-1).mean().item()
         rows.append((target, ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults", kl, nll(logp)))
     lines = [f"Distance at conversion, {args.model}, {ids.shape[1]} tokens of {Path(args.text_file).name}", "",
@@ -63,8 +77,9 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     out = Path(__file__).parent / "results" / f"conversion_distance_{args.model.replace('/', '_')}.md"
+    teacher_flag = f" --teacher-text {args.teacher_text}" if args.teacher_text else ""
     out.write_text(table + f"\n\nCommand: python benchmarks/conversion_distance.py --model {args.model} "
-                   f"--text-file {args.text_file} --tokens {args.tokens}\n")
+                   f"--text-file {args.text_file} --tokens {args.tokens}{teacher_flag}\n")
 
 
 if __name__ == "__main__":

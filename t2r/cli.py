@@ -71,8 +71,8 @@ def add_mixer_options(parser: argparse.ArgumentParser) -> None:
 
 def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None,
-                        help="text to rank layers on for --layers auto:N (file, directory or hub dataset; default: "
-                             "generated long documents); use text like the finetuning data")
+                        help="text to measure the source on, for --layers auto:N and --init teacher (file, directory "
+                             "or hub dataset; default: generated long documents); use text like the finetuning data")
     parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
     parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
 
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--layers", default=None,
                          help="layers to convert, e.g. '0-11,15' (default: all); 'auto:N' keeps the N layers most "
                               "sensitive to conversion as softmax (ranked as by rank-layers; ranking in --out)")
+    convert.add_argument("--init", choices=("default", "teacher"), default="default",
+                         help="teacher: start each new forget gate at the decay matching how far back the source's "
+                              "attention head looks on the --data text (gla, fox)")
     add_calibration_arguments(convert)
     add_mixer_options(convert)
 
@@ -261,7 +264,14 @@ def run_convert(args) -> int:
     tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
     layers = calibrated_layers(args, source, tokenizer, options, tmp / "layer_ranking")
-    model = convert(source, args.target, layers=layers, source=args.model, **options)
+    lookback = None
+    if args.init == "teacher":
+        from t2r.data.config import DataConfig
+        from t2r.eval.lookback import teacher_lookback
+
+        lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.data) if args.data else None,
+                                    args.calibration_rows, args.calibration_length)
+    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, **options)
     print(conversion_report(source, model))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

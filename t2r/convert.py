@@ -144,7 +144,7 @@ def quiet_loading():
 
 
 def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | None = None,
-            **options) -> PreTrainedModel:
+            lookback=None, **options) -> PreTrainedModel:
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
@@ -154,6 +154,8 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
         layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
             (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
+        lookback: `[layers, query heads]` look-back of the source's attention (`t2r.eval.lookback`): each
+            converted layer's forget gate starts at the matching decay (`init="teacher"`; gla and fox).
         **options: fields of the target's options (`t2r.MIXERS[target].options`: feature_map, rope, num_slots...).
     The source model is left untouched; the result shares no storage with it.
     """
@@ -166,6 +168,9 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     if getattr(model, "generation_config", None) is not None:
         converted.generation_config = model.generation_config
     converted.config.name_or_path = model.config.name_or_path  # provenance: which source it came from
+    if lookback is not None:
+        for index, attention in converted.converted_layers().items():
+            attention.init_from_lookback(lookback[index])
     return converted.to(param.device).train(model.training)
 
 

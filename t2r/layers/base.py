@@ -21,6 +21,13 @@ REUSED_MODULES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", 
 new gates (`qkv_proj`: Phi-3's fused projection; `q_norm` / `k_norm`: Qwen3's and Gemma 3's per-head norms)."""
 
 
+def decay_for_lookback(lookback: torch.Tensor, max_lookback: float = 4096.0) -> torch.Tensor:
+    """Per-step decay gamma whose exponential weights (1 - gamma) gamma^k have mean look-back `lookback`
+    tokens: gamma = d / (1 + d), d clamped to [1, max_lookback] (`t2r.eval.lookback` measures d)."""
+    d = lookback.double().clamp(1.0, max_lookback)
+    return d / (1 + d)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -123,6 +130,16 @@ class ConvertedAttention(nn.Module):
     def state_bytes(cls, options: MixerOptions, heads: int, kv_heads: int, head_dim: int,
                     element_size: int) -> tuple[int, int]:
         raise NotImplementedError
+
+    def init_from_lookback(self, lookback: torch.Tensor) -> None:
+        """Set the forget gates' starting decay from the source's per-query-head look-back `lookback` `[HQ]`
+        (`t2r.eval.lookback`); mixers without a learned decay refuse."""
+        raise ValueError(f"init='teacher': {self.target} has no learned forget-gate decay to set from the source's "
+                         "attention (supported: gla, fox)")
+
+    def group_lookback(self, lookback: torch.Tensor) -> torch.Tensor:
+        """`[HQ]` -> `[H]`: the mean look-back of the query heads that share each kv head."""
+        return lookback.view(self.num_kv_heads, -1).mean(-1)
 
     def extra_repr(self) -> str:
         return f"target={self.target}, heads={self.num_heads}/{self.num_kv_heads}, head_dim={self.head_dim}"

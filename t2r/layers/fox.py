@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from t2r.layers.base import ConvertedAttention
+from t2r.layers.base import ConvertedAttention, decay_for_lookback
 from t2r.layers.state import GatedKVLayer
 from t2r.ops.fox import forgetting_attention
 
@@ -40,6 +40,13 @@ class ForgettingAttention(ConvertedAttention):
     def __init__(self, attention, config, layer_idx, options):
         super().__init__(attention, config, layer_idx, options)
         self.forget_gate = ForgetGate(self.hidden_size, self.num_heads, options.fox_gate_bias)
+
+    @torch.no_grad()
+    def init_from_lookback(self, lookback: torch.Tensor) -> None:
+        """Forget gate bias b_h = logit(gamma_h) per query head from its look-back (the default, 8, keeps the
+        source's attention; this makes each head forget at the pace its source attention looks back)."""
+        gamma = decay_for_lookback(lookback)
+        self.forget_gate.bias.copy_(torch.log(gamma / (1 - gamma)).to(self.forget_gate.bias))
 
     def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens):
         g = self.forget_gate(hidden_states)

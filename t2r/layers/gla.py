@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from t2r.layers.base import RecurrentMixer
+from t2r.layers.base import RecurrentMixer, decay_for_lookback
 from t2r.ops.gla import gla
 
 
@@ -42,6 +42,9 @@ class LowRankForgetGate(nn.Module):
 
 
 class GatedLinearAttention(RecurrentMixer):
+    """`init_from_lookback`: the gate's bias b_h = logit(gamma_h^tau) per kv head, gamma_h from the look-back of
+    its query heads (`t2r.eval.lookback.decay_for_lookback`), instead of RetNet's fixed schedule."""
+
     target = "gla"
 
     def __init__(self, attention, config, layer_idx, options):
@@ -50,6 +53,12 @@ class GatedLinearAttention(RecurrentMixer):
             self.hidden_size, self.num_kv_heads, self.head_dim, options.gate_low_rank_dim,
             options.gate_logit_normalizer,
         )
+
+    @torch.no_grad()
+    def init_from_lookback(self, lookback: torch.Tensor) -> None:
+        target = decay_for_lookback(self.group_lookback(lookback)) ** self.gate.normalizer
+        bias = torch.log(target / (1 - target)).repeat_interleave(self.head_dim)
+        self.gate.bias.copy_(bias.to(self.gate.bias))
 
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         g = self.gate(hidden_states)

@@ -10,6 +10,7 @@ from torch import nn
 
 from t2r.convert import convert
 from t2r.dtypes import torch_dtype
+from t2r.eval.lookback import teacher_lookback
 from t2r.eval.sensitivity import resolve_layers
 from t2r.layers.base import REUSED_MODULES, ConvertedAttention
 from t2r.sources import load_source
@@ -49,7 +50,11 @@ def build_model(recipe, dtype: torch.dtype | None = None):
                                 data=recipe.data.data_config(),
                                 length=min(512, recipe.data.seq_len),
                                 out_dir=Path(recipe.checkpoint.dir) / "layer_ranking", **recipe.convert.options)
-        model = convert(source, recipe.convert.target, layers=layers, source=recipe.model.source,
+        lookback = None
+        if recipe.convert.init == "teacher":
+            lookback = teacher_lookback(source, tokenizer, recipe.data.data_config(),
+                                        length=min(512, recipe.data.seq_len))
+        model = convert(source, recipe.convert.target, layers=layers, source=recipe.model.source, lookback=lookback,
                         **recipe.convert.options)
         if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
             # convert() copies: the loaded source itself serves as the teacher, no second load

@@ -59,12 +59,15 @@ class ModelSection:
 
 @dataclass
 class ConvertSection:
-    target: str  # gsa | gla | retnet | fox, or "none" to finetune the source model (baseline)
+    target: str  # a registered mixer (gsa, gla, retnet, fox), or "none" to finetune the source model (baseline)
     layers: str | None = None
     """Layers to convert, e.g. "0-15,20" (default: all); "auto:N" keeps the N layers most sensitive to conversion
     as softmax, ranked on the training text (`t2r rank-layers`; the ranking is saved in <checkpoint.dir>)."""
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
-    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}}
+    init: str = "default"
+    """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
+    attention looks on the training text, `t2r.eval.lookback`; gla and fox)."""
+    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")}}
 
 
 @dataclass
@@ -228,6 +231,9 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     if train.trainable != "lora" and recipe.lora is not None:
         raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
                           "set train.trainable=lora or remove the lora section")
+    if convert.init == "teacher" and convert.target not in ("gla", "fox"):
+        raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
+                          "have (supported: gla, fox); use convert.init=default")
     if train.trainable == "gates" and (convert.target == "none" or not get_mixer(convert.target).adds_parameters):
         raise RecipeError(f"train.trainable: 'gates' trains the new gates, and target {convert.target!r} adds none; "
                           "use train.trainable=attention or all")
