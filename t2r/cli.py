@@ -271,7 +271,7 @@ def run_convert(args) -> int:
 
         lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.data) if args.data else None,
                                     args.calibration_rows, args.calibration_length)
-    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, **options)
+    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, copy=False, **options)
     print(conversion_report(source, model))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

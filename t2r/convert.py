@@ -144,7 +144,7 @@ def quiet_loading():
 
 
 def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | None = None,
-            lookback=None, **options) -> PreTrainedModel:
+            lookback=None, copy: bool = True, **options) -> PreTrainedModel:
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
@@ -156,13 +156,16 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
             (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
         lookback: `[layers, query heads]` look-back of the source's attention (`t2r.eval.lookback`): each
             converted layer's forget gate starts at the matching decay (`init="teacher"`; gla and fox).
+        copy: False reuses the source's tensors instead of copying them: the new gates are the only new memory,
+            and the two models share their weights from then on (training one changes the other). For a source
+            that is not used afterwards (`t2r convert`; finetuning without a teacher in the same dtype).
         **options: fields of the target's options (`t2r.MIXERS[target].options`: feature_map, rope, num_slots...).
-    The source model is left untouched; the result shares no storage with it.
+    With `copy=True` the source model is left untouched and the result shares no storage with it.
     """
     config = t2r_config(model.config, target, layers, source=source, **options)
     causal_lm_class = ARCHITECTURES[model.config.model_type].causal_lm_class
     param = next(model.parameters())
-    state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state_dict = {k: v.detach().clone() if copy else v for k, v in model.state_dict().items()}
     with quiet_loading():
         converted = causal_lm_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=param.dtype)
     if getattr(model, "generation_config", None) is not None:

@@ -54,11 +54,14 @@ def build_model(recipe, dtype: torch.dtype | None = None):
         if recipe.convert.init == "teacher":
             lookback = teacher_lookback(source, tokenizer, recipe.data.data_config(),
                                         length=min(512, recipe.data.seq_len))
+        wants_teacher = recipe.stages.distill is not None or recipe.stages.attention_transfer is not None
+        teacher_dtype = torch_dtype(recipe.model.dtype)
+        # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
+        # dtype would then share them (casting the teacher to another dtype gives it tensors of its own)
         model = convert(source, recipe.convert.target, layers=layers, source=recipe.model.source, lookback=lookback,
-                        **recipe.convert.options)
-        if recipe.stages.distill is not None or recipe.stages.attention_transfer is not None:
-            # convert() copies: the loaded source itself serves as the teacher, no second load
-            teacher = source.to(torch_dtype(recipe.model.dtype)).eval().requires_grad_(False)
+                        copy=wants_teacher and teacher_dtype == dtype, **recipe.convert.options)
+        if wants_teacher:  # the loaded source itself serves as the teacher, no second load
+            teacher = source.to(teacher_dtype).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

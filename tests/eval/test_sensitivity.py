@@ -105,3 +105,16 @@ def test_a_recipe_with_auto_layers_builds_the_ranked_hybrid(tmp_path, source_dir
     saved = json.loads((tmp_path / "run" / "layer_ranking" / "ranking.json").read_text())
     assert [i for i, m in enumerate(model.config.t2r_mixers) if m == "softmax"] == saved["softmax_layers"]
     assert saved["calibration"] == {"data": str(corpus), "rows": 4, "length": 32}
+
+
+@pytest.mark.parametrize("overrides", [
+    {"stages.distill": "{weight: 1.0}", "model.dtype": "bfloat16", "train.mixed_precision": "bf16"},
+    {"stages.distill": "{weight: 1.0}"},          # float32 teacher, float32 student: must not share
+])
+def test_student_and_teacher_never_share_weights(tmp_path, source_dir, corpus, overrides):
+    from t2r.train.model_setup import build_model
+    from tests.train.conftest import recipe
+
+    model, _, teacher = build_model(recipe(tmp_path, source_dir, corpus, **overrides))
+    teacher_pointers = {p.data_ptr() for p in teacher.parameters()}
+    assert not any(p.data_ptr() in teacher_pointers for p in model.parameters())

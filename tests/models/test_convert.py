@@ -185,3 +185,18 @@ def test_every_target_honours_output_norm(target):
                           **small(target))
     with torch.no_grad():
         assert not torch.allclose(default(ids).logits, flipped(ids).logits, atol=1e-4)
+
+
+def test_convert_without_copy_takes_the_source_tensors():
+    source = tiny_source("llama")
+    torch.manual_seed(0)  # the same random start for the new gates of both
+    shared = t2r.convert(source, "gsa", copy=False, num_slots=4)
+    torch.manual_seed(0)
+    copied = t2r.convert(source, "gsa", num_slots=4)
+    pointers = {p.data_ptr() for p in source.parameters()}
+    reused = [p for n, p in shared.named_parameters() if "slot_gate" not in n]
+    assert reused and all(p.data_ptr() in pointers for p in reused)  # the gates are the only new memory
+    assert not any(p.data_ptr() in pointers for p in copied.parameters())
+    ids = torch.randint(3, 97, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(shared(ids).logits, copied(ids).logits)
