@@ -27,6 +27,15 @@ COPY = ("import sys, t2r; from t2r.sources import load_source; s, tok = load_sou
         "m = t2r.convert(s, 'gsa', copy=True); m.save_pretrained(sys.argv[2])")
 
 
+def word_level_tokenizer(size: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w3"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="w0", bos_token="w1", eos_token="w2")
+
+
 def peak_kib(command: list[str]) -> int:
     done = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True, check=True)
     return int(done.stderr.strip().splitlines()[-1])
@@ -41,6 +50,7 @@ def main() -> None:
         model = LlamaForCausalLM(LlamaConfig(**{**CONFIG, "num_hidden_layers": args.layers})).to(torch.bfloat16)
         params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(source)
+        word_level_tokenizer(CONFIG["vocab_size"]).save_pretrained(source)  # loading a source needs one
         del model
         model_bytes = sum(f.stat().st_size for f in source.glob("*.safetensors"))
         rows = [
