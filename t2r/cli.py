@@ -142,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--overwrite", action="store_true",
                           help="delete another run's checkpoints and final model in checkpoint.dir, then start afresh")
     finetune.add_argument("--dry-run", action="store_true",
-                          help="validate the recipe, print it resolved with the step plan, and stop")
+                          help="validate the recipe, print it resolved with the step plan and a per-GPU memory plan "
+                               "(DDP and FSDP, 1-8 GPUs; from the model config alone), and stop")
+    finetune.add_argument("--tokens-per-second", type=float, default=None,
+                          help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
 
     run = commands.add_parser(
         "run", help="convert, finetune, then evaluate against the source, from one recipe",
@@ -472,7 +475,7 @@ def run_finetune(args) -> int:
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
     check_recipe_data(recipe)
     if args.dry_run:
-        print_plan(recipe)
+        print_plan(recipe, args.tokens_per_second)
         return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if PartialState().is_main_process:
@@ -481,8 +484,8 @@ def run_finetune(args) -> int:
     return 0
 
 
-def print_plan(recipe) -> None:
-    """`--dry-run`: the resolved recipe, then the step plan."""
+def print_plan(recipe, tokens_per_second: float | None = None) -> None:
+    """`--dry-run`: the resolved recipe, the step plan, then the memory plan (`t2r.train.plan`)."""
     import yaml
 
     print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
@@ -493,6 +496,15 @@ def print_plan(recipe) -> None:
           f"{recipe.grad_accum_steps(1)}x on 1 process"
           + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
           + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+    from t2r.sources import load_config
+    from t2r.train.plan import count_parameters, format_plan
+
+    try:
+        config = load_config(recipe.model.source)
+    except OSError as err:  # an unreachable hub id: the rest of the dry run stands
+        print(f"# memory plan: skipped, the model config is not available ({err})")
+        return
+    print(format_plan(recipe, count_parameters(recipe, config), tokens_per_second))
 
 
 def eval_plan(recipe, settings) -> str:

@@ -127,6 +127,16 @@ def load_tokenizer(spec: str):
     return from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
 
 
+def load_config(spec: str):
+    """The model config of `spec` alone (no weights): for plans made before anything large is loaded."""
+    from transformers import AutoConfig
+
+    if spec == SMOLLM2:
+        spec = str(smollm2_dense())
+    path, kwargs = resolve(spec)
+    return from_pretrained(AutoConfig.from_pretrained, spec, path, **kwargs)
+
+
 def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str | None = None):
     """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted, or a LoRA adapter
     whose `adapter_config.json` names its base), a .gguf file, or `smollm2`."""

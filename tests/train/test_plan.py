@@ -1,0 +1,36 @@
+"""The dry-run plan: parameter counts from the config alone match the model a recipe builds; memory splits."""
+
+import pytest
+
+from t2r.sources import load_config
+from t2r.train.model_setup import build_model, trainable_parameters
+from t2r.train.plan import count_parameters, format_plan, memory_rows
+from tests.train.conftest import recipe
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"train.trainable": "attention"}, {"train.trainable": "gates"},
+    {"train.trainable": "lora", "lora.r": 4}, {"convert.layers": "0,2"}, {"convert.target": "none",
+                                                                          "convert.options": "{}"},
+])
+def test_counts_from_the_config_match_the_built_model(tmp_path, source_dir, corpus, overrides):
+    tiny = recipe(tmp_path, source_dir, corpus, **overrides)
+    counts = count_parameters(tiny, load_config(str(source_dir)))
+    model, _, _ = build_model(tiny)
+    trainable, total = trainable_parameters(model)
+    if tiny.train.trainable == "lora":  # peft's count includes the gates' saved copies: compare the adapters
+        assert counts.trainable == trainable
+    else:
+        assert (counts.total, counts.trainable) == (total, trainable)
+
+
+def test_memory_splits_and_time(tmp_path, source_dir, corpus):
+    tiny = recipe(tmp_path, source_dir, corpus, **{"stages.distill": "{weight: 1.0}"})
+    counts = count_parameters(tiny, load_config(str(source_dir)))
+    rows = {(r["strategy"], r["gpus"]): r for r in memory_rows(tiny, counts)}
+    assert rows[("DDP", 8)]["weights"] == rows[("DDP", 1)]["weights"] > 0
+    assert rows[("FSDP", 2)]["optimizer"] == pytest.approx(rows[("FSDP", 1)]["optimizer"] / 2)
+    assert rows[("FSDP", 1)]["teacher"] > 0 and rows[("FSDP", 4)]["activations"] == rows[("DDP", 1)]["activations"]
+    text = format_plan(tiny, counts, tokens_per_second=100.0)
+    assert "| FSDP | 8 |" in text and "8 GPUs:" in text
+    assert "pass --tokens-per-second" in format_plan(tiny, counts)
