@@ -1,0 +1,60 @@
+"""Run by `test_fsdp.py` under torchrun (2 CPU processes, gloo): train converted tiny models with torch's
+`fully_shard` per decoder layer, and (rank 0) save the gathered weights; with one process, the same steps on the
+whole global batch without sharding, as the reference."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import t2r
+from tests.models.conftest import tiny_source
+
+CASES = {"gsa": dict(num_slots=4), "gla": {}, "retnet": {}, "fox": {}, "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
+
+
+def train(model, ids, rank: int, world: int, steps: int = 3) -> None:
+    # SGD: an update linear in the gradient (Adam's first steps are +-lr whatever the gradient's size, so a
+    # gradient of 1e-12 that rounds to the other sign in another reduction order moves a weight by 2 lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    rows = ids.shape[1] // world  # ids: [steps, global batch, tokens]
+    for step in range(steps):
+        batch = ids[step, rank * rows:(rank + 1) * rows]
+        logits = model(batch, use_cache=False).logits[:, :-1]
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())  # mean over this rank's tokens
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def main(out_dir: str) -> None:
+    distributed = "RANK" in __import__("os").environ
+    if distributed:
+        dist.init_process_group("gloo")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    ids = torch.randint(3, 97, (3, 4, 16), generator=torch.Generator().manual_seed(0))  # 3 steps x 4 rows
+    for name, options in CASES.items():
+        torch.manual_seed(0)
+        target = name.removeprefix("hybrid-")
+        model = t2r.convert(tiny_source("llama"), target, **options).train()
+        if distributed:  # one CPU mesh over the processes, as accelerate builds per device type
+            mesh = init_device_mesh("cpu", (world,))
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            assert model.model.layers[0].mlp.up_proj.weight.to_local().shape[0] < 96  # really sharded
+        train(model, ids, rank, world)
+        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().contiguous().clone()
+                 for k, v in model.state_dict().items()}
+        if rank == 0:
+            save_file(state, f"{out_dir}/{name}-{world}.safetensors")
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
