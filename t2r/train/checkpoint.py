@@ -178,7 +178,16 @@ def load(accelerator, checkpoint: Path) -> dict:
     try:
         with no_code_from_disk():
             accelerator.load_state(str(checkpoint))
-        rng.restore(checkpoint, accelerator.process_index)
+        saved_processes = len(list(checkpoint.glob("rng-*.json")))
+        if saved_processes == accelerator.num_processes:
+            rng.restore(checkpoint, accelerator.process_index)
+        else:  # another process count: the stream position and global batch carry over (see loop.micro_batches)
+            state = read_state(checkpoint)
+            rng.reseed(1_000_003 * state["step"] + accelerator.process_index)
+            if accelerator.is_main_process:
+                print(f"resuming on {accelerator.num_processes} processes a run saved by {saved_processes}: the data "
+                      "position and the global batch are the same; each process's random numbers are reseeded "
+                      "(dropout, if any, draws differently from an uninterrupted run)")
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as err:  # verified files that still cannot be loaded: another model, or unsafe content

@@ -48,3 +48,10 @@ def restore(directory: Path, rank: int) -> None:
     cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors) - 1) if f"cuda.{i}" in tensors]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda[:torch.cuda.device_count()])
+
+
+def reseed(seed: int) -> None:
+    """A fresh, reproducible state for Python, NumPy and torch (when a checkpoint has no state for this process)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

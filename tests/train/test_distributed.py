@@ -34,3 +34,35 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus):
     assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3  # training moved the weights
     for name in a:  # rounding only: one process accumulates in another order and with other thread counts
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def torchrun_finetune(config, overrides: dict, *extra: str, port: int = 29519):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "t2r.cli", "finetune", "--config", str(config), *[f"{k}={v}" for k, v in overrides.items()], *extra]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
+def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, first, then):
+    """`first` processes train 2 steps, `then` processes resume to step 4: the same weights as one process
+    training 4 steps straight (the stream position and the global batch do not depend on the process count)."""
+    overrides = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 0,
+                 "checkpoint.every_steps": 2}
+    straight = recipe(tmp_path, source_dir, corpus, run="straight", **overrides)
+    finetune(straight)
+
+    resumed = recipe(tmp_path, source_dir, corpus, run="resumed", **overrides)  # also writes resumed.yaml
+    part = {**overrides, "train.max_steps": 2}
+    if first == 2:
+        torchrun_finetune(tmp_path / "resumed.yaml", part)
+        finetune(resumed, resume=True)
+    else:
+        finetune(recipe(tmp_path, source_dir, corpus, run="resumed", **part))
+        torchrun_finetune(tmp_path / "resumed.yaml", overrides, "--resume", port=29521)
+    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
