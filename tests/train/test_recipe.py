@@ -220,3 +220,12 @@ def test_an_option_of_another_target_names_the_fix():
     with pytest.raises(RecipeError, match=r"convert.options.num_slots: an option of gsa, not of gla; remove it, or "
                                           r"set convert.options=\{\} for its defaults"):
         make("convert.target=gla", "convert.options.num_slots=8")
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_accelerate_fsdp2_configs_parse(gpus):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(RECIPES / "accelerate" / f"fsdp2-{gpus}gpu.yaml"))
+    assert (config.distributed_type.value, config.num_processes, config.mixed_precision) == ("FSDP", gpus, "bf16")
+    assert config.fsdp_config["fsdp_version"] == 2
