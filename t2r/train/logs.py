@@ -89,6 +89,10 @@ def append_jsonl(path: Path, row: dict) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
+def rewrite_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def read_history(path: Path, up_to_step: int) -> list[dict]:
     """Metrics of earlier steps (a resumed run rewrites the file without the steps it redoes)."""
     if not path.is_file():

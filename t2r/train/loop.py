@@ -199,18 +199,36 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     world, rank = accelerator.num_processes, accelerator.process_index
     stage1 = recipe.stages.attention_transfer
     transfer_mse = None
-    if stage1 is not None and step == 0:  # a resumed run's weights already hold stage 1
+    if stage1 is not None and step == 0 and not state.get("attention_transfer_done"):
+        # a resumed run's weights already hold stage 1 (checkpoint step-0 marks it done, or any later step)
+        if accelerator.is_main_process:  # a stage 1 killed before its end runs again: drop its rows
+            history = [r for r in history if r.get("stage") != "attention_transfer"]
+            logs.rewrite_jsonl(root / "metrics.jsonl", history)
         stage_batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device,
                                       rank, world)
+
+        def on_transfer_step(index: int, mse: float) -> None:
+            if accelerator.is_main_process:
+                logs.append_jsonl(root / "metrics.jsonl", {"step": 0, "stage": "attention_transfer",
+                                                           "transfer_step": index, "mse": logs.finite_or_none(mse)})
+                if index % recipe.logging.every_steps == 0 or index == stage1.steps:
+                    print(f"attention transfer {index}/{stage1.steps}  mse {mse:.4g}", flush=True)
+
         transfer_mse = attention_transfer(
             accelerator.unwrap_model(model), teacher, stage_batches, stage1.steps, stage1.lr,
             reduce_grads=(lambda g: accelerator.reduce(g, "mean")) if world > 1 else None, params=stage1.params,
-            autocast=accelerator.autocast)
+            autocast=accelerator.autocast, on_step=on_transfer_step)
         if not math.isfinite(transfer_mse[-1]):
             raise NonFiniteError(f"attention transfer: the MSE is {transfer_mse[-1]} after {len(transfer_mse)} steps; "
                                  "lower stages.attention_transfer.lr")
         accelerator.print(f"attention transfer: {len(transfer_mse)} steps, "
                           f"MSE {transfer_mse[0]:.4g} -> {transfer_mse[-1]:.4g}")
+        # a checkpoint at step 0 holds the aligned weights: a kill before the first training checkpoint resumes
+        # from here without aligning again
+        _require_finite(model, accelerator, 0, root)
+        state.update(attention_transfer_done=True, attention_transfer_mse=[transfer_mse[0], transfer_mse[-1]])
+        checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                        keep_last=max(1, recipe.checkpoint.keep_last))
     guard = NonFiniteGuard(train.max_nonfinite_steps, hint=(
         f": lower train.lr (now {train.lr}) and --resume, or check the data and the weights' dtype"))
     guard.total = state["skipped_steps"]
@@ -269,8 +287,8 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     _require_finite(model, accelerator, step, root)
     final = dict(metrics)
     final["skipped_steps"] = guard.total
-    if transfer_mse:
-        final["attention_transfer_mse"] = [transfer_mse[0], transfer_mse[-1]]
+    if state.get("attention_transfer_mse"):  # this run's stage 1, or the one a resumed run's checkpoints carry
+        final["attention_transfer_mse"] = state["attention_transfer_mse"]
     if recipe.data.held_out:
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))

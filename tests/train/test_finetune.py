@@ -222,3 +222,32 @@ def test_reused_source_norms_are_not_new_gates():
 
     assert new_module_names(t2r.convert(tiny_any("qwen3"), "gsa")) == ["slot_gate"]
     assert new_module_names(t2r.convert(tiny_any("qwen3"), "retnet")) == []
+
+
+def test_a_run_killed_after_attention_transfer_resumes_without_aligning_again(tmp_path, source_dir, corpus):
+    """Stage 1 logs each step to metrics.jsonl and ends with a step-0 checkpoint; a run killed in the next stage
+    before its first checkpoint resumes from there: stage 1 does not run again, and the weights equal an
+    uninterrupted run's."""
+    import json
+
+    overrides = {"stages.attention_transfer.steps": 3, "stages.attention_transfer.lr": 1e-3, "train.max_steps": 4,
+                 "checkpoint.every_steps": 100}
+    straight = recipe(tmp_path, source_dir, corpus, run="straight", **overrides)
+    finetune(straight)
+
+    def kill(metrics):
+        if metrics["step"] == 1:
+            raise KeyboardInterrupt
+
+    killed = recipe(tmp_path, source_dir, corpus, run="killed", **overrides)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(killed, callbacks=[kill])
+    assert sorted(p.name for p in (tmp_path / "killed").glob("step-*")) == ["step-00000000"]
+    resumed = finetune(killed, resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["transfer_step"] for r in rows if r.get("stage") == "attention_transfer"] == [1, 2, 3]
+    first = json.loads((tmp_path / "straight" / "final_metrics.json").read_text())["attention_transfer_mse"]
+    assert resumed["attention_transfer_mse"] == first  # carried by the checkpoint, not measured again
+    a, b = final_weights(straight), final_weights(killed)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-6, msg=name)
