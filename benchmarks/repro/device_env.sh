@@ -25,6 +25,10 @@ export T2R_CACHE=${T2R_CACHE:-/tmp/t2r-cache}
 export PYTHONPATH=$_t2r_root:$_t2r_site${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 t2r() { "$_t2r_py" -m t2r.cli "$@"; }
+# t2r: the command line from the repository (on PYTHONPATH there, not installed): a script on PATH, so that
+# `timeout 540 t2r run ...` works too
+mkdir -p /tmp/t2r-bin && printf '#!/bin/sh\nexec python3 -m t2r.cli "$@"\n' > /tmp/t2r-bin/t2r && chmod +x /tmp/t2r-bin/t2r
+case ":$PATH:" in *:/tmp/t2r-bin:*) ;; *) export PATH="/tmp/t2r-bin:$PATH" ;; esac
 # t2r_pack NAME: runs/repro/NAME without its weights (final/, step-*/) as $OUT/NAME.tgz, for the device tool to return
 t2r_pack() { tar czf "${OUT:-/tmp}/$1.tgz" -C "$_t2r_root/runs/repro" --exclude=final --exclude='step-*' \
     --exclude='.tmp-*' "$1" && ls -l "${OUT:-/tmp}/$1.tgz"; }
