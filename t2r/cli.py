@@ -157,8 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="delete another run in checkpoint.dir first")
     run.add_argument("--dry-run", action="store_true",
-                     help="validate the recipe, print it resolved with the step plan and what the evaluation "
-                          "will measure, and stop")
+                     help="validate the recipe, print it resolved with the step plan, the memory plan and what the "
+                          "evaluation will measure, and stop")
+    run.add_argument("--tokens-per-second", type=float, default=None,
+                     help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
 
     add_eval_parsers(commands)
 
@@ -531,7 +533,7 @@ def run_run(args) -> int:
     check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
     if args.dry_run:
-        print_plan(recipe)
+        print_plan(recipe, args.tokens_per_second)
         print(eval_plan(recipe, settings))
         return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
