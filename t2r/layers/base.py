@@ -13,7 +13,7 @@ from torch import nn
 
 from t2r.layers.feature_maps import FEATURE_MAP_FUNCTIONS
 from t2r.layers.options import MixerOptions
-from t2r.layers.state import RecurrentStateLayer
+from t2r.layers.state import RecurrentStateLayer, WindowedStateLayer
 
 
 REUSED_MODULES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm")
@@ -87,8 +87,8 @@ class ConvertedAttention(nn.Module):
         self.q_norm, self.k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
         self.feature_map = FEATURE_MAP_FUNCTIONS[options.feature_map]
 
-    def project(self, hidden_states, position_embeddings):
-        """q `[B,T,HQ,D]`, k and v `[B,T,H,D]` after the feature map and (optionally) RoPE."""
+    def project(self, hidden_states):
+        """q `[B,T,HQ,D]`, k and v `[B,T,H,D]` as the source attention makes them, before RoPE."""
         batch, length, _ = hidden_states.shape
         if self.fused_qkv:
             kv_width = self.num_kv_heads * self.head_dim
@@ -100,22 +100,40 @@ class ConvertedAttention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.feature_map(q), self.feature_map(k)
-        if self.options.rope:
-            if position_embeddings is None:
-                raise ValueError("this layer keeps RoPE (rope=True) and needs position_embeddings=(cos, sin)")
-            q, k = apply_rope(q, k, *position_embeddings)
-            # fp32 cos/sin (the residual stream under autocast) promote q, k; keep the projections' dtype, as
-            # autocast does for the source's SDPA, so the kernels get one dtype (FoX's refuse mixed ones)
-            q, k = q.to(v.dtype), k.to(v.dtype)
         return q, k, v
 
+    @staticmethod
+    def rotate(q, k, position_embeddings, dtype):
+        if position_embeddings is None:
+            raise ValueError("this layer applies RoPE (rope=True, or a window) and needs position_embeddings=(cos, sin)")
+        q, k = apply_rope(q, k, *position_embeddings)
+        # fp32 cos/sin (the residual stream under autocast) promote q, k; keep the projections' dtype, as
+        # autocast does for the source's SDPA, so the kernels get one dtype (FoX's refuse mixed ones)
+        return q.to(dtype), k.to(dtype)
+
+    def map_qk(self, q, k, position_embeddings):
+        """The mixer's q, k: the feature map, then (optionally) RoPE."""
+        q, k = self.feature_map(q), self.feature_map(k)
+        if self.options.rope:
+            q, k = self.rotate(q, k, position_embeddings, q.dtype)
+        return q, k
+
+    def read_out(self, o: torch.Tensor) -> torch.Tensor:
+        """The mixer's per-head output as the output projection reads it (optional RMS norm)."""
+        return head_rms_norm(o) if self.options.output_norm else o
+
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
-        q, k, v = self.project(hidden_states, position_embeddings)
-        o = self.mix(hidden_states, q, k, v, attention_mask=attention_mask, past_key_values=past_key_values,
-                     cu_seqlens=kwargs.get("cu_seq_lens_q"))
-        if self.options.output_norm:
-            o = head_rms_norm(o)
+        q_source, k_source, v = self.project(hidden_states)
+        q, k = self.map_qk(q_source, k_source, position_embeddings)
+        if getattr(self.options, "window", 0):
+            from t2r.layers.window import windowed_mix
+
+            q_rot, k_rot = self.rotate(q_source, k_source, position_embeddings, v.dtype)
+            o = windowed_mix(self, hidden_states, q_rot, k_rot, q, k, v, attention_mask, past_key_values,
+                             kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"))
+        else:
+            o = self.read_out(self.mix(hidden_states, q, k, v, attention_mask=attention_mask,
+                                       past_key_values=past_key_values, cu_seqlens=kwargs.get("cu_seq_lens_q")))
         o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
         return self.o_proj(o), None
 
@@ -154,6 +172,13 @@ class RecurrentMixer(ConvertedAttention):
 
     num_states: int = 1
 
+    def __init__(self, attention, config, layer_idx, options):
+        super().__init__(attention, config, layer_idx, options)
+        if getattr(options, "window", 0):
+            from t2r.layers.window import WindowGain
+
+            self.window = WindowGain(self.num_heads)
+
     def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens):
         if attention_mask is not None:
             # 2D padding mask: a padded token writes nothing (k = v = 0). Exact for left padding,
@@ -172,9 +197,21 @@ class RecurrentMixer(ConvertedAttention):
 
     @classmethod
     def cache_layer(cls, options: MixerOptions):
+        if getattr(options, "window", 0):
+            return WindowedStateLayer(cls.num_states, options.window, options.sinks)
         return RecurrentStateLayer(number_of_states=cls.num_states)
 
     @classmethod
     def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
+        """The recurrent state, plus with a window its ring of W tokens (rotated k, v, mapped k and the hidden
+        state, counted as heads x head_dim wide) and S sinks (rotated k, v); none grows with the context."""
+        fixed = cls.recurrent_state_bytes(options, heads, kv_heads, head_dim)
+        window, sinks = getattr(options, "window", 0), getattr(options, "sinks", 0)
+        kv = kv_heads * head_dim * element_size
+        fixed += window * (3 * kv + heads * head_dim * element_size + 17) + sinks * (2 * kv + 17)  # + pos, abs, flag
+        return fixed, 0
+
+    @classmethod
+    def recurrent_state_bytes(cls, options, heads, kv_heads, head_dim) -> int:
         """One fp32 `[H, K, V]` state per kv head (GLA, retention); GSA overrides it."""
-        return cls.num_states * kv_heads * head_dim * head_dim * 4, 0
+        return cls.num_states * kv_heads * head_dim * head_dim * 4

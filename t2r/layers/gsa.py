@@ -23,9 +23,9 @@ class GatedSlotAttention(RecurrentMixer):
         self.slot_gate = nn.Linear(self.hidden_size, self.num_kv_heads * self.num_slots, bias=False)
 
     @classmethod
-    def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
+    def recurrent_state_bytes(cls, options, heads, kv_heads, head_dim):
         """K~ `[H, K, M]` and V~ `[H, M, V]` in fp32."""
-        return 2 * kv_heads * head_dim * options.num_slots * 4, 0
+        return 2 * kv_heads * head_dim * options.num_slots * 4
 
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         logits = self.slot_gate(hidden_states).float()

@@ -47,6 +47,26 @@ class MixerOptions:
         return tuple(f.name for f in fields(cls))
 
 
+@dataclass
+class RecurrentOptions(MixerOptions):
+    """Options of every fixed-state mixer: an exact softmax over a window of recent tokens and a few sinks,
+    beside the recurrent state (`t2r.layers.window`). window=0: the state alone."""
+
+    window: int = option(0, "softmax over the last W tokens inside each converted layer; the state keeps only "
+                            "what has left the window (0: off)")
+    sinks: int = option(0, "with window: also attend to each sequence's first S tokens, never put in the state")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("window", "sinks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.sinks and not self.window:
+            raise ValueError(f"sinks={self.sinks} needs a window (sinks are read by the window's softmax); "
+                             "set window (e.g. 64) or sinks=0")
+
+
 GATE_DAMPING_HELP = "gate damping tau: log alpha = logsigmoid(W x) / tau (GSA eq. 8 uses 8, GLA 16)"
 
 
@@ -56,7 +76,7 @@ def _positive(name: str, value, what: str, kind=(int, float)) -> None:
 
 
 @dataclass
-class GSAOptions(MixerOptions):
+class GSAOptions(RecurrentOptions):
     """Gated slot attention, in the T2R setting of the GSA paper (sec. 4.2): the Swish feature map of eq. 9,
     softmax over slots, no output gate. RoPE dropped as in the paper's converted models (the decays carry
     position; KL to the source at conversion is 5.36 nats/token either way, `benchmarks/conversion_distance.py`).
@@ -73,7 +93,7 @@ class GSAOptions(MixerOptions):
 
 
 @dataclass
-class GLAOptions(MixerOptions):
+class GLAOptions(RecurrentOptions):
     """Gated linear attention with ReLU feature maps and the per-head output norm of unnormalised linear
     attention (SUPRA's finding). RoPE dropped: it measured farther from the source at conversion (SmolLM2:
     KL 6.45 nats/token without RoPE vs 8.72 with)."""
@@ -90,7 +110,7 @@ class GLAOptions(MixerOptions):
 
 
 @dataclass
-class RetNetOptions(MixerOptions):
+class RetNetOptions(RecurrentOptions):
     """Retention: as GLA (ReLU, output norm, no RoPE), with fixed decays and no new parameter."""
 
     feature_map: str = "relu"

@@ -90,3 +90,46 @@ class GatedKVLayer(DynamicLayer):
         super().crop(max_length)
         if self.is_initialized:
             self.gates = self.gates[..., : self.keys.shape[-2]]
+
+
+class WindowedStateLayer(RecurrentStateLayer):
+    """A recurrent state plus what a layer with `window` / `sinks` reads exactly (`t2r.layers.window`): the last
+    `window` tokens (their rotated k, v for the softmax, and their hidden state and mapped k, which enter the
+    recurrent state when they leave the window) and each sequence's first `sinks` tokens. Fixed size."""
+
+    def __init__(self, number_of_states: int, window: int, sinks: int):
+        super().__init__(number_of_states=number_of_states)
+        self.window, self.sinks = window, sinks
+        self.recent: dict[str, torch.Tensor] | None = None
+        """`[B, <= window, ...]` per field: hidden, k, k_rot, v, pos, abs, real."""
+        self.sink_slots: dict[str, torch.Tensor] | None = None
+        """`[B, sinks, ...]` per field: k_rot, v, pos, abs, and filled (False until that sink has arrived)."""
+
+    def remember(self, new: dict[str, torch.Tensor]) -> None:
+        """Add one call's tokens (fields `[B, T, ...]`): keep the last `window`, fill the sink slots."""
+        recent = new if self.recent is None else {name: torch.cat([self.recent[name], t], 1) for name, t in new.items()}
+        self.recent = {name: t[:, -self.window:] for name, t in recent.items()}
+        if not self.sinks:
+            return
+        if self.sink_slots is None:
+            fields = ("k_rot", "v", "pos", "abs")
+            self.sink_slots = {name: new[name].new_zeros(new[name].shape[0], self.sinks, *new[name].shape[2:])
+                               for name in fields}
+            self.sink_slots["filled"] = torch.zeros_like(self.sink_slots["pos"], dtype=torch.bool)
+        rows, columns = (new["real"] & (new["pos"] < self.sinks)).nonzero(as_tuple=True)
+        slots = new["pos"][rows, columns]
+        for name, buffer in self.sink_slots.items():
+            buffer[rows, slots] = True if name == "filled" else new[name][rows, columns].to(buffer.dtype)
+
+    def reset(self) -> None:
+        super().reset()
+        self.recent = self.sink_slots = None
+
+    def _map_states(self, fn) -> None:
+        super()._map_states(fn)
+        for buffers in (self.recent, self.sink_slots):
+            if buffers is not None:
+                buffers.update({name: fn(t) for name, t in buffers.items()})
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_states(lambda t: t.index_select(0, beam_idx.to(t.device)))

@@ -31,6 +31,10 @@ def check_static_decodable(model) -> None:
             f"static decoding needs every layer to keep a fixed-size state (gsa, gla, retnet), but layer(s) {listed} "
             "keep a K/V cache that grows every token (softmax / fox), which cannot live in the fixed buffers a "
             "CUDA graph replays; use model.generate(...) instead")
+    windowed = [i for i, m in enumerate(mixers) if getattr(model.config.mixer_options(i), "window", 0)]
+    if windowed:
+        raise ValueError(f"static decoding keeps only the recurrent state in fixed buffers, but layer(s) {windowed} "
+                         "also read a window of recent tokens (window > 0); use model.generate(...) instead")
 
 
 class StaticStateCache(T2RCache):
