@@ -76,3 +76,34 @@ def test_bad_arguments_are_named():
                          window=2, sinks=0, scale=1.0)
     with pytest.raises(ValueError, match="window must be >= 1"):
         window_attention(q, q, q, positions=torch.arange(4)[None], window=0, sinks=0, scale=1.0)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2])
+def test_flex_attention_form_equals_the_rule(shape, assert_close):
+    """FlexAttention with the rule as its mask_mod (eager here; compiled on CUDA, where the test below runs)."""
+    from t2r.ops.window import flex_window_attention
+
+    batch, length, heads_q, heads, dim, window, sinks, _ = shape
+    positions, real = packed_and_padded(batch, length)
+    q, k, v = (torch.randn(batch, length, h, dim) for h in (heads_q, heads, heads))
+    kwargs = dict(positions=positions, real=real, window=window, sinks=sinks, scale=dim ** -0.5)
+    assert_close(flex_window_attention(q, k, v, **kwargs), naive_window_attention(q, k, v, **kwargs), rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_flex_on_cuda_equals_the_rule_forward_and_backward(dtype, assert_close):
+    from t2r.ops.window import flex_window_attention
+
+    batch, length, heads_q, heads, dim, window, sinks = 2, 300, 8, 2, 64, 48, 4
+    positions, real = (t.cuda() for t in packed_and_padded(batch, length))
+    inputs = [torch.randn(batch, length, h, dim, device="cuda", dtype=dtype, requires_grad=True)
+              for h in (heads_q, heads, heads)]
+    kwargs = dict(positions=positions, real=real, window=window, sinks=sinks, scale=dim ** -0.5)
+    cotangent = torch.randn(batch, length, heads_q, dim, device="cuda")
+    results = []
+    for fn in (naive_window_attention, flex_window_attention):
+        out = fn(*inputs, **kwargs)
+        grads = torch.autograd.grad((out.float() * cotangent).sum(), inputs)
+        results.append({"o": out.float(), **{f"d{n}": g.float() for n, g in zip("qkv", grads)}})
+    assert_close(results[1], results[0], rtol=2e-2 if dtype == torch.bfloat16 else 1e-4)
