@@ -78,8 +78,10 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
                abs=(steps + seen).expand(batch, length))
 
     if layer is None or layer.recent is None:
-        soft = window_attention(q_rot, k_rot, v, positions=new["pos"], real=real if attention_mask is not None else None,
-                                window=window, sinks=sinks, scale=mixer.scaling)
+        # the caller's own position tensor (shared by every layer: FlexAttention builds its mask once per forward)
+        soft = window_attention(q_rot, k_rot, v, positions=position_ids if position_ids is not None else new["pos"],
+                                real=real if attention_mask is not None else None, window=window, sinks=sinks,
+                                scale=mixer.scaling)
         stream, offset = new, 0
     else:
         keys = _cached_keys(layer, new, sinks)

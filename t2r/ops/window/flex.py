@@ -13,23 +13,40 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, scale: float) -> torch.Tensor:
-    """Same arguments and result as `naive_window_attention`; q `[B,T,HQ,D]`, k/v `[B,T,H,D]`."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+_last_mask: tuple = ()
+"""(positions, real, window, sinks, shape, block mask) of the last call: every layer of one forward passes the
+same position tensor, so the mask is built once per forward. The key holds the tensors themselves (compared by
+identity), so they cannot be freed and their memory reused under the same key."""
 
-    batch, length = q.shape[:2]
-    positions = positions.expand(batch, length).long()
-    real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if real is None else real.bool()
+
+def _block_mask(positions, real, window: int, sinks: int, batch: int, length: int, device):
+    global _last_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (window, sinks, batch, length, device)
+    if _last_mask and _last_mask[0] is positions and _last_mask[1] is real and _last_mask[2] == key:
+        return _last_mask[3]
+    positions_ = positions.expand(batch, length).long()
+    real_ = torch.ones(batch, length, dtype=torch.bool, device=device) if real is None else real.bool()
 
     def visible(b, h, q_index, k_index):
         back = q_index - k_index
-        same_document = (back >= 0) & (back == positions[b, q_index] - positions[b, k_index])
-        in_reach = (positions[b, k_index] < sinks) | (back < window)
-        return (back == 0) | (real[b, k_index] & same_document & in_reach)
+        same_document = (back >= 0) & (back == positions_[b, q_index] - positions_[b, k_index])
+        in_reach = (positions_[b, k_index] < sinks) | (back < window)
+        return (back == 0) | (real_[b, k_index] & same_document & in_reach)
 
-    on_cuda = q.is_cuda
-    block_mask = create_block_mask(visible, batch, None, length, length, device=q.device, _compile=on_cuda)
-    attend = _compiled_flex() if on_cuda else flex_attention
+    mask = create_block_mask(visible, batch, None, length, length, device=device, _compile=device.type == "cuda")
+    _last_mask = (positions, real, key, mask)
+    return mask
+
+
+def flex_window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, scale: float) -> torch.Tensor:
+    """Same arguments and result as `naive_window_attention`; q `[B,T,HQ,D]`, k/v `[B,T,H,D]`."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    batch, length = q.shape[:2]
+    block_mask = _block_mask(positions, real, window, sinks, batch, length, q.device)
+    attend = _compiled_flex() if q.is_cuda else flex_attention
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask, scale=scale,
                  enable_gqa=True)
     return out.transpose(1, 2)

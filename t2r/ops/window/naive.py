@@ -38,5 +38,6 @@ def naive_window_attention(q, k, v, *, positions, real=None, window: int, sinks:
     batch, length = q.shape[:2]
     index = torch.arange(length, device=q.device).expand(batch, length)
     real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if real is None else real.bool()
+    positions = positions.expand(batch, length)
     return masked_window_attention(q, k, v, q_abs=index, q_pos=positions, k_abs=index, k_pos=positions,
                                    k_real=real, window=window, sinks=sinks, scale=scale)
