@@ -242,6 +242,10 @@ def add_eval_parsers(commands) -> None:
     bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
     bench.add_argument("--batch-sizes", type=_sizes, default=[1], help="e.g. 1,16,64")
     bench.add_argument("--decode-tokens", type=int, default=16)
+    bench.add_argument("--decode", choices=("eager", "static"), default="eager",
+                       help="eager: the model's own cache through its forward (what generate() does); static: "
+                            "static buffers, a CUDA graph per step for converted fixed-state models and a compiled "
+                            "StaticCache forward for sources (framework overhead removed)")
     bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")
 
 
@@ -453,13 +457,15 @@ def run_bench(args) -> int:
     for name, m in zip(labels(model, baseline), (model, baseline)):
         if m is not None:
             rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens,
-                                      allow_beyond=True)  # speed and memory, whatever the quality there
+                                      allow_beyond=True,  # speed and memory, whatever the quality there
+                                      decode=args.decode)
     table = bench.format_table(rows)
-    print(f"{device}, {dtype}\n{table}")
+    print(f"{device}, {dtype}, {args.decode} decode\n{table}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}\n\n{table}\n")
+        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}, {args.decode} decode"
+                                      f"\n\n{table}\n")
         (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
         try:
             paths = bench.plot(rows, out)

@@ -157,13 +157,20 @@ def _measure(model, input_ids, decode_tokens: int, warmup: int, repeats: int, ro
 
 def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 16, warmup: int = 1,
                 repeats: int = 3, vocab_size: int | None = None, seed: int = 0,
-                allow_beyond: bool = False) -> list[BenchRow]:
+                allow_beyond: bool = False, decode: str = "eager") -> list[BenchRow]:
     """Sweep every (context, batch): prefill tokens/s (median of `repeats` after `warmup`), greedy decode
     ms/step (median over the steps of those repeats), cache bytes and peak memory. Inputs are random ids in
     [10, vocab) from `seed`, the same for every model; the prefill keeps only the last position's logits
     (`logits_to_keep=1`, as `generate` does). An OOM gives a row with status "OOM" and the sweep goes
     on; contexts past `max_position_embeddings` of a model with softmax layers are skipped unless `allow_beyond`.
+    `decode="static"` decodes on static buffers instead (`t2r.eval.static_bench`: a CUDA graph per step for
+    converted fixed-state models, a compiled `StaticCache` forward for sources).
     """
+    if decode not in ("eager", "static"):
+        raise ValueError(f"decode={decode!r}: choose eager (the model's own cache) or static (static buffers)")
+    from t2r.eval.static_bench import measure_static
+
+    measure = measure_static if decode == "static" else _measure
     device = next(model.parameters()).device
     vocab = vocab_size or model.config.vocab_size
     limit = getattr(model.config, "max_position_embeddings", None) if has_position_limit(model.config) else None
@@ -179,10 +186,11 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
         generator = torch.Generator().manual_seed(seed)
         input_ids = torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
         try:
-            _measure(model, input_ids, decode_tokens, warmup, repeats, row)
+            measure(model, input_ids, decode_tokens, warmup, repeats, row)
         except Exception as error:  # one failing cell must not end the sweep
             first_line = (str(error).strip().splitlines() or [""])[0]
-            status = "OOM" if _is_oom(error) else f"error: {type(error).__name__}: {first_line[:100]}"
+            status = ("OOM" if _is_oom(error) else first_line[:100] if decode == "static" and "static decoding" in first_line
+                      else f"error: {type(error).__name__}: {first_line[:100]}")
             rows[-1] = row = BenchRow(label, int(context), int(batch), weights_bytes=weights, status=status)
         del input_ids
         if row.status != "ok":  # the failed frames may hold tensors in cycles

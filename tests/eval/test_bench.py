@@ -177,3 +177,21 @@ def test_parse_sizes():
             parse_sizes(bad)
     with pytest.raises(ValueError, match="'1M'"):
         parse_sizes("512,1M")
+
+
+def test_static_decode_rows_for_a_converted_model_and_its_source(source):
+    """decode="static": the converted model's state buffers (its fixed state, whatever the context) and the
+    source's StaticCache (context + steps slots, preallocated); a hybrid gets a clear status, not a crash."""
+    model = t2r.convert(source, "gsa", num_slots=8).eval()
+    rows = bench_model(model, "gsa", (16, 64), [2], decode="static", **FAST)
+    fixed, _ = generation_memory(model.config, element_size=4)
+    assert [r.status for r in rows] == ["ok", "ok"] and all(r.cache_bytes == fixed * 2 for r in rows)
+    assert all(r.decode_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 for r in rows)
+    source_rows = bench_model(source, "source", (16,), [2], decode="static", **FAST)
+    assert source_rows[0].status == "ok"
+    steps = 2 + DECODE * FAST["repeats"]  # warm-up and timed steps all fit in the preallocated cache
+    assert source_rows[0].cache_bytes == kv_bytes(source.config, 16 + steps + 1, 2)
+    hybrid = t2r.convert(source, "gsa", num_slots=8, layers=[0]).eval()
+    assert bench_model(hybrid, "hybrid", (16,), [1], decode="static", **FAST)[0].status.startswith("static decoding")
+    with pytest.raises(ValueError, match="decode="):
+        bench_model(model, "gsa", (16,), [1], decode="graph")
