@@ -182,3 +182,10 @@ def test_static_decoding_refuses_a_window():
 
     with pytest.raises(ValueError, match="window"):
         check_static_decodable(t2r.convert(tiny_source("llama"), "gsa", num_slots=8, window=4))
+
+
+def test_beam_search_reorders_the_ring_and_sinks(fixed_target):
+    model = windowed("mistral", fixed_target)
+    ids = torch.randint(3, 97, (2, 9))
+    kwargs = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kwargs), model.generate(ids, use_cache=False, **kwargs))
