@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "(DDP and FSDP, 1-8 GPUs; from the model config alone), and stop")
     finetune.add_argument("--tokens-per-second", type=float, default=None,
                           help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
+    finetune.add_argument("--measure", type=int, default=None, metavar="STEPS",
+                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
+                          "and use the measured tokens/s and peak memory in the plan")
 
     run = commands.add_parser(
         "run", help="convert, finetune, then evaluate against the source, from one recipe",
@@ -161,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "evaluation will measure, and stop")
     run.add_argument("--tokens-per-second", type=float, default=None,
                      help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
+    run.add_argument("--measure", type=int, default=None, metavar="STEPS",
+                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
+                          "and use the measured tokens/s and peak memory in the plan")
 
     add_eval_parsers(commands)
 
@@ -483,7 +489,7 @@ def run_finetune(args) -> int:
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
     check_recipe_data(recipe)
     if args.dry_run:
-        print_plan(recipe, args.tokens_per_second)
+        print_plan(recipe, args.tokens_per_second, args.measure)
         return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if PartialState().is_main_process:
@@ -492,8 +498,9 @@ def run_finetune(args) -> int:
     return 0
 
 
-def print_plan(recipe, tokens_per_second: float | None = None) -> None:
-    """`--dry-run`: the resolved recipe, the step plan, then the memory plan (`t2r.train.plan`)."""
+def print_plan(recipe, tokens_per_second: float | None = None, measure: int | None = None) -> None:
+    """`--dry-run`: the resolved recipe, the step plan, then the memory plan (`t2r.train.plan`); with `measure`,
+    a short timed run first (`t2r.train.measure`), whose tokens/s the plan projects."""
     import yaml
 
     print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
@@ -512,7 +519,19 @@ def print_plan(recipe, tokens_per_second: float | None = None) -> None:
     except OSError as err:  # an unreachable hub id: the rest of the dry run stands
         print(f"# memory plan: skipped, the model config is not available ({err})")
         return
-    print(format_plan(recipe, count_parameters(recipe, config), tokens_per_second))
+    counts = count_parameters(recipe, config)
+    measured = None
+    if measure is not None:
+        if tokens_per_second is not None:
+            raise SystemExit("t2r: --measure and --tokens-per-second exclude each other (one measures, one is given)")
+        from t2r.train.measure import format_measured, measure_throughput
+        from t2r.train.plan import memory_rows
+
+        measured = measure_throughput(recipe, steps=measure)
+        tokens_per_second = measured.tokens_per_second
+    print(format_plan(recipe, counts, tokens_per_second))
+    if measured is not None:
+        print(format_measured(measured, memory_rows(recipe, counts, world_sizes=(1,))[0]["total"]))
 
 
 def eval_plan(recipe, settings) -> str:
@@ -539,7 +558,7 @@ def run_run(args) -> int:
     check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
     if args.dry_run:
-        print_plan(recipe, args.tokens_per_second)
+        print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
         return 0
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)

@@ -34,3 +34,18 @@ def test_memory_splits_and_time(tmp_path, source_dir, corpus):
     text = format_plan(tiny, counts, tokens_per_second=100.0)
     assert "| FSDP | 8 |" in text and "8 GPUs:" in text
     assert "pass --tokens-per-second" in format_plan(tiny, counts)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"stages.distill": "{weight: 0.5}"}])
+def test_measure_trains_a_few_steps_and_writes_nothing(tmp_path, source_dir, corpus, overrides):
+    from t2r.train.measure import format_measured, measure_throughput
+
+    tiny = recipe(tmp_path, source_dir, corpus, **overrides)
+    measured = measure_throughput(tiny, steps=2)
+    assert measured.tokens_per_second > 0 and measured.step_seconds > 0 and measured.peak_bytes >= 0
+    assert measured.tokens_per_second == pytest.approx(
+        tiny.train.micro_batch_size * tiny.data.seq_len / measured.step_seconds)
+    assert not (tmp_path / "run").exists()  # no run directory, no checkpoint
+    assert "tokens/s" in format_measured(measured, 1.0)
+    with pytest.raises(ValueError, match="at least 1"):
+        measure_throughput(tiny, steps=0)
