@@ -234,7 +234,9 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     if convert.init == "teacher" and convert.target not in ("gla", "fox"):
         raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
                           "have (supported: gla, fox); use convert.init=default")
-    if train.trainable == "gates" and (convert.target == "none" or not get_mixer(convert.target).adds_parameters):
+    windowed = bool((convert.options or {}).get("window"))  # a window adds its gain, even to retnet
+    if train.trainable == "gates" and (convert.target == "none" or not (get_mixer(convert.target).adds_parameters
+                                                                        or windowed)):
         raise RecipeError(f"train.trainable: 'gates' trains the new gates, and target {convert.target!r} adds none; "
                           "use train.trainable=attention or all")
     if convert.target == "none":

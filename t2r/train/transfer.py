@@ -24,8 +24,9 @@ from t2r.layers.base import ConvertedAttention
 
 from .model_setup import new_modules
 
-# the inputs of a converted attention module; the softmax mask and the KV cache stay with the teacher
-_PASSED = ("position_embeddings", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# the inputs of a converted attention module (positions: a window restarts at each packed document); the softmax
+# mask and the KV cache stay with the teacher
+_PASSED = ("position_embeddings", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def layer_pairs(student: nn.Module, teacher: nn.Module) -> list[tuple[int, nn.Module, nn.Module]]:

@@ -251,3 +251,21 @@ def test_a_run_killed_after_attention_transfer_resumes_without_aligning_again(tm
     a, b = final_weights(straight), final_weights(killed)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_attention_transfer_passes_positions_to_a_window_on_packed_documents():
+    """A fresh windowed conversion is exactly its source on documents no longer than window + sinks, packed ones
+    included: stage 1 starts at MSE 0 only if each document's positions reach the layer (its sinks and window
+    restart there)."""
+    import t2r
+    from t2r.data.packing import collate_packed
+    from t2r.train.transfer import attention_transfer
+
+    teacher = tiny_source("llama")
+    student = t2r.convert(tiny_source("llama"), "gsa", num_slots=8, window=8, sinks=2)
+    generator = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(3, 97, (n,), generator=generator).tolist(), "position_ids": list(range(n))}
+            for n in (7, 10, 5)]
+    batch = collate_packed(rows)
+    first = attention_transfer(student, teacher, [batch], steps=1, lr=1e-3)[0]
+    assert first < 1e-10, first

@@ -229,3 +229,9 @@ def test_accelerate_fsdp2_configs_parse(gpus):
     config = ClusterConfig.from_yaml_file(str(RECIPES / "accelerate" / f"fsdp2-{gpus}gpu.yaml"))
     assert (config.distributed_type.value, config.num_processes, config.mixed_precision) == ("FSDP", gpus, "bf16")
     assert config.fsdp_config["fsdp_version"] == 2
+
+
+def test_a_window_gives_retnet_a_gain_to_train_as_its_gates():
+    recipe = load_recipe(Path(__file__).parents[2] / "recipes/mistral-7b-retnet-20b.yaml",
+                         ["train.trainable=gates", "convert.options={window: 64, sinks: 4}"])
+    assert recipe.train.trainable == "gates" and recipe.convert.options["window"] == 64
