@@ -36,8 +36,8 @@ def _unique_bytes(tensors) -> int:
 
 @torch.inference_mode()
 def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: int, row) -> None:
-    """Fill `row` (a `BenchRow`): one prefill of `input_ids`, `warmup` untimed decode steps (graph capture,
-    compilation), then `decode_tokens * repeats` timed steps; the median step time."""
+    """Fill `row` (a `BenchRow`): a warm-up prefill, one timed prefill of `input_ids`, `warmup` untimed decode
+    steps (graph capture, compilation), then `decode_tokens * repeats` timed steps; the median step time."""
     from t2r.models.static_decode import StaticDecoder, check_static_decodable
 
     device = input_ids.device
@@ -49,6 +49,7 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
     if getattr(model.config, "t2r_mixers", None) is not None:
         check_static_decodable(model)  # a clear error for hybrids, FoX and windowed layers
         decoder = StaticDecoder(model, batch)
+        decoder.prefill(input_ids)  # warm-up: kernels compile on the first call
         logits, prefill_s = _prefill(lambda: decoder.prefill(input_ids), device)
         token = logits.argmax(-1, keepdim=True)
 
@@ -60,6 +61,8 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
         from transformers import StaticCache
 
         cache = StaticCache(config=model.config, max_cache_len=context + warmup + steps + 1)
+        model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm-up, as above
+        cache.reset()
         out, prefill_s = _prefill(lambda: model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1),
                                   device)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
