@@ -29,7 +29,7 @@ from . import checkpoint, logs
 from .errors import NonFiniteError
 from .export import save_final
 from .guard import NonFiniteGuard, weights_finite
-from .model_setup import build_model, trainable_parameters
+from .model_setup import build_model, place_teacher, trainable_parameters
 from .recipe import save_resolved
 from .resume import choose_start
 from .run_dir import RunLock
@@ -181,7 +181,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     optimizer = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     if teacher is not None:
-        teacher.to(accelerator.device)
+        place_teacher(teacher, accelerator.device)
 
     state = {"step": 0, "tokens": 0, "skipped_steps": 0, "recipe_changes": []}
     if found is not None:

@@ -41,7 +41,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     from t2r.sources import load_tokenizer
 
     from .loop import micro_batches, packed_loader, step_loss
-    from .model_setup import build_model
+    from .model_setup import build_model, place_teacher
 
     if steps < 1:
         raise ValueError(f"--measure {steps}: give at least 1 timed step")
@@ -56,7 +56,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
                                   betas=tuple(train.betas), weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     if teacher is not None:
-        teacher.to(accelerator.device)
+        place_teacher(teacher, accelerator.device)
     model.train()
     if cuda:
         torch.cuda.reset_peak_memory_stats()

@@ -46,14 +46,15 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     if recipe.convert.target == "none":
         model = source
     else:
-        layers = resolve_layers(recipe.convert.layers, source, tokenizer, recipe.convert.target,
-                                data=recipe.data.data_config(),
-                                length=min(512, recipe.data.seq_len),
-                                out_dir=Path(recipe.checkpoint.dir) / "layer_ranking", **recipe.convert.options)
+        # measured on the main process only: under FSDP's RAM-efficient loading the others hold no weights
+        layers = from_main_process(lambda: resolve_layers(
+            recipe.convert.layers, source, tokenizer, recipe.convert.target, data=recipe.data.data_config(),
+            length=min(512, recipe.data.seq_len), out_dir=Path(recipe.checkpoint.dir) / "layer_ranking",
+            **recipe.convert.options))
         lookback = None
         if recipe.convert.init == "teacher":
-            lookback = teacher_lookback(source, tokenizer, recipe.data.data_config(),
-                                        length=min(512, recipe.data.seq_len))
+            lookback = from_main_process(lambda: teacher_lookback(source, tokenizer, recipe.data.data_config(),
+                                                                  length=min(512, recipe.data.seq_len)))
         wants_teacher = recipe.stages.distill is not None or recipe.stages.attention_transfer is not None
         teacher_dtype = torch_dtype(recipe.model.dtype)
         # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
@@ -66,6 +67,45 @@ def build_model(recipe, dtype: torch.dtype | None = None):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     return select_trainable(model, recipe), tokenizer, teacher
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def loads_on_main_only() -> bool:
+    """True under accelerate's FSDP with `fsdp_cpu_ram_efficient_loading`: transformers reads the weights on
+    the main process only (the others get zeros, never read from disk) and accelerate broadcasts the prepared
+    model's weights from it."""
+    from transformers.distributed.fsdp import is_fsdp_enabled
+
+    return is_fsdp_enabled()
+
+
+def from_main_process(fn):
+    """`fn()` computed on the main process and sent to the others (a no-op without a process group)."""
+    if not _distributed():
+        return fn()
+    import torch.distributed as dist
+
+    value = [fn() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(value, src=0)
+    return value[0]
+
+
+def place_teacher(teacher: nn.Module, device) -> nn.Module:
+    """Move the teacher to `device`; where only the main process loaded weights (`loads_on_main_only`), send
+    them to the others, since accelerate broadcasts only the model it prepares."""
+    teacher.to(device)
+    if _distributed() and loads_on_main_only():
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for tensor in teacher.state_dict().values():
+                dist.broadcast(tensor, src=0)
+    return teacher
 
 
 def select_trainable(model: nn.Module, recipe) -> nn.Module:

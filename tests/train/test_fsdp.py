@@ -26,3 +26,23 @@ def test_fully_sharded_training_equals_one_process(tmp_path):
         assert one.keys() == two.keys()
         for key in one:  # rounding only: the reduction runs in another order
             torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5, msg=f"{name}: {key}")
+
+
+def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, source_dir, corpus):
+    """With accelerate's fsdp_cpu_ram_efficient_loading, transformers leaves the other ranks without weights
+    (zeros, for accelerate to broadcast into the prepared model): what t2r measures on the weights before that
+    (the auto:N layer ranking) must come from the main process, and the teacher, which accelerate does not
+    prepare, must be sent to the others."""
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), "ACCELERATE_USE_FSDP": "true",
+           "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "tests.train.ram_efficient_worker", str(tmp_path), str(source_dir), str(corpus)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+    main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert main["student_reused_abs_sum"] > 0 and other["student_reused_abs_sum"] == 0  # rank 1 read no weights
+    assert main["mixers"] == other["mixers"] and main["mixers"].count("softmax") == 1
+    assert other["teacher_sum"] == main["teacher_sum"] != 0

@@ -1,0 +1,31 @@
+"""Run by `test_fsdp.py` under torchrun (2 CPU processes, gloo) with accelerate's FSDP RAM-efficient loading
+switched on in the environment: build a recipe's model as finetuning does, and write what each rank holds."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.train.conftest import recipe
+
+
+def main(tmp: str, source_dir: str, corpus: str) -> None:
+    from t2r.train.model_setup import build_model, place_teacher
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    tiny = recipe(Path(tmp), source_dir, corpus, **{"stages.distill": "{weight: 1.0}", "convert.layers": "auto:1"})
+    model, _, teacher = build_model(tiny)
+    reused = [p for n, p in model.named_parameters() if "q_proj" in n or "embed_tokens" in n]
+    before = float(sum(p.abs().sum() for p in reused))
+    place_teacher(teacher, "cpu")
+    report = {"student_reused_abs_sum": before, "mixers": model.config.t2r_mixers,
+              "teacher_sum": float(sum(t.double().sum() for t in teacher.state_dict().values()))}
+    (Path(tmp) / f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
