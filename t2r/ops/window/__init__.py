@@ -3,7 +3,8 @@
 The exact-softmax part of a converted layer with `window` / `sinks` (`t2r.layers.window`): each query reads
 its document's first `sinks` tokens and its `window` most recent ones. `naive.py` writes the visibility rule
 out; `chunk.py` computes the same in blocks, linear in the length, in plain PyTorch (any device); `flex.py`
-hands the rule to FlexAttention, one fused kernel on CUDA (`T2R_WINDOW_BACKEND=chunk|flex` overrides the choice).
+hands the rule to FlexAttention, one fused kernel on CUDA, used for training there (`T2R_WINDOW_BACKEND=chunk|flex`
+overrides the choice).
 """
 
 import os
@@ -24,7 +25,11 @@ def window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, 
     choice = os.environ.get("T2R_WINDOW_BACKEND", "auto")
     if choice not in ("auto", "chunk", "flex"):
         raise ValueError(f"T2R_WINDOW_BACKEND={choice!r}: choose auto, chunk or flex")
-    if choice == "flex" or (choice == "auto" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+    # auto: FlexAttention for training on CUDA (its backward is 6-20x faster, and training shapes are fixed, so
+    # it compiles once); the blocked form for inference, whose forward is as fast and never recompiles for a new
+    # length (prompts, evaluation rows)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if choice == "flex" or (choice == "auto" and training and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
         return flex_window_attention(q, k, v, positions=positions, real=real, window=window, sinks=sinks, scale=scale)
     return chunk_window_attention(q, k, v, positions=positions, real=real, window=window, sinks=sinks, scale=scale,
                                   block=block)
