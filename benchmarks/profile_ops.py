@@ -2,6 +2,7 @@
 
     python benchmarks/profile_ops.py                                  # all ops, Mistral layer shape
     python benchmarks/profile_ops.py --ops gla gsa --shape 1,32768,32,8,128
+    python benchmarks/profile_ops.py --gsa-regs          # no GPU needed, see gsa_registers
 
 Shape is B,T,HQ,H,D (GSA uses 64 slots). Gates as in the benchmarks: logsigmoid(randn)/16 for
 GLA and simple GLA, logsigmoid(randn)/8 for GSA, logsigmoid(randn) for forgetting attention.
@@ -66,12 +67,63 @@ def profile(op, shape, iters=5):
     return "\n".join(lines) + "\n"
 
 
+def gsa_registers(shape, target=(90, 32)):
+    """Registers and stack (spill) bytes of GSA's per-chunk kernels, both anchor variants, at a
+    shape, bf16, compiled ahead of time for sm_90 by Triton's bundled ptxas: needs no GPU. For the
+    kernels before the launch split its stack bytes / 4 matched the spills read on the H100 (34-82)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from t2r.ops.gsa import triton_chunk as tc
+    from t2r.ops.gsa import triton_intra as ti
+
+    B, T, HQ, H, D = shape
+    const = dict(cu_seqlens=None, chunk_indices=None, HQ=HQ, H=H, K=D, V=D, M=SLOTS, BT=tc.BT, BS=tc.BS, BK=D,
+                 BV=D, BM=SLOTS, BC=min(D, tc.COLUMNS), IS_VARLEN=False)
+    fp32 = {"z", "r", "ds1", "dB"}
+    lines = [f"### GSA per-chunk kernels, sm_{target[0]}, B,T,HQ,H,D = {','.join(map(str, shape))}", "",
+             "| kernel | variant | warps, stages | registers | stack bytes |", "|---|---|---|---|---|"]
+    for name in ("fwd_o", "bwd_dp", "bwd_dqk", "bwd_dvs"):
+        fn = getattr(ti, f"_{name}_kernel")
+        w, st = tc.CONFIGS_D64[name] if D <= 64 else tc.CONFIGS[name]
+        for one in (True, False):
+            sig, cst, attrs = {}, {}, {}
+            for i, prm in enumerate(fn.params):
+                n = prm.name
+                if n in const or n == "ONE":
+                    sig[n], cst[(i,)] = "constexpr", one if n == "ONE" else const[n]
+                    continue
+                sig[n] = {"scale": "fp32", "T": "i32", "NBH": "i32", "flags": "*i8", "steep": "*i32"}.get(
+                    n, "*fp32" if n in fp32 else "*bf16")
+                if n != "scale":   # pointers 16-byte aligned, T and NBH multiples of 16, as at launch
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            k = triton.compile(ASTSource(fn, sig, cst, attrs), target=GPUTarget("cuda", *target),
+                               options=dict(num_warps=w, num_stages=st))
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(k.asm["cubin"])
+                f.flush()
+                tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+                use = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+            regs, stack = re.search(r"REG:(\d+)", use).group(1), re.search(r"STACK:(\d+)", use).group(1)
+            lines.append(f"| _{name}_kernel | {'one anchor' if one else 'sub-blocks'} | {w}, {st} | {regs} | {stack} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", nargs="+", default=["simple_gla", "gla", "gsa", "fox"])
     ap.add_argument("--shape", default="4,4096,32,8,128", help="B,T,HQ,H,D")
+    ap.add_argument("--gsa-regs", action="store_true", help="only print gsa_registers at the shape (no GPU)")
     args = ap.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
+    if args.gsa_regs:
+        print(gsa_registers(shape))
+        return
     for op in args.ops:
         print(profile(op, shape), flush=True)
 

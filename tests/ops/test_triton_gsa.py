@@ -119,6 +119,54 @@ def test_output_columns_in_steps(monkeypatch, gate):
     check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), ref, FP32_TOL, dg_scale)
 
 
+def _mixed_gates(B, T, H, M, seed=0):
+    """Gates that make some chunks steep (sub-block launch) and others mild (one-anchor launch):
+    sequence 0 mild, 1 strong, 2 alternating mild / strong chunks. Returns g [B, T, H, M] and the
+    expected steep flag per (chunk, sequence): strong gates over a full chunk lose ~240 nats
+    (far above the ~69 one anchor holds), a partial chunk of 8 strong steps ~30 (far below)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, H, M, generator=gen)
+    mild, strong = F.logsigmoid(x) / 8, F.logsigmoid(x) - 3
+    chunk = torch.arange(T) // tc.BT
+    is_strong = torch.stack([torch.zeros(T, dtype=torch.bool), torch.ones(T, dtype=torch.bool), chunk % 2 == 1])
+    g = torch.where(is_strong[:, :, None, None], strong, mild)
+    full = torch.arange(0, T, tc.BT) + tc.BT <= T
+    return g, is_strong[:, ::tc.BT] & full                     # [B, chunks]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
+def test_mixed_anchor_variants(packed, dtype, monkeypatch):
+    """Both launches of every per-chunk kernel in one call: _fwd_o flags exactly the steep chunks
+    (and lists each once), and o, the final state and all gradients match the reference. Two
+    sub-block programs per query head, so each strides through several listed chunks."""
+    monkeypatch.setattr(tc, "STEEP_PROGRAMS", 2)
+    B, T, H = 3, 200, 2
+    inputs, state = make(B, T, 4, H, **SMALL)
+    inputs["g"], steep = _mixed_gates(B, T, H, SMALL["M"])
+    if dtype == torch.bfloat16:
+        inputs = {n: t.to(dtype).float() for n, t in inputs.items()}
+    steep = steep[:, :, None].expand(B, -1, H)                 # [B, chunks, H]
+    bounds = [0, T, 2 * T, 3 * T]
+    if packed:
+        inputs = {n: t.reshape(1, B * T, *t.shape[2:]) for n, t in inputs.items()}
+    cu = torch.tensor(bounds, device=DEV) if packed else None
+
+    q, k, v, s, g = (t.to(DEV, dtype).contiguous() for t in inputs.values())
+    *_, (flags, lst, P) = tc._fwd(q, k, v, s, g, q.shape[-1] ** -0.5, None, None, False,
+                                  None if cu is None else cu.to(torch.int32))
+    # flag i_tc * NBH + i_bh; packed: NBH = H and chunks numbered sequence by sequence
+    want = steep.reshape(-1, H) if packed else steep.transpose(0, 1).reshape(-1, B * H)
+    assert torch.equal(flags.cpu().view(want.shape), want.to(torch.int8))
+    n = int(lst[0])
+    assert n == int(want.sum()) > 0 and sorted(lst[1:1 + n].tolist()) == want.flatten().nonzero().flatten().tolist()
+
+    out = fwd_bwd(tc.chunk_gsa_triton, inputs, state, dtype=dtype, cu_seqlens=cu)
+    ref = fwd_bwd(_separate(bounds) if packed else naive, inputs, state)
+    dg_scale = (inputs["s"].reshape(ref["ds"].shape) * ref["ds"].cpu()).double().norm().item()
+    check(out, ref, FP32_TOL if dtype == torch.float32 else BF16_TOL, dg_scale)
+
+
 def test_chunk_tied_write_weights_mild():
     inputs, state = make(1, 100, 4, 2, **SMALL, gate="mild", tied=True)
     check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)

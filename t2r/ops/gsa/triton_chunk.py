@@ -20,13 +20,16 @@ with mix(X, s)_i[m] = sum_{j<=i} X_ij s_j[m] 2^(b_i[m]-b_j[m]). The per-slot dec
     block the second factor is <= 1, so each factor spans at most BS/2 steps of decay.
     Exact while no slot decays by more than ~70 nats over 8 consecutive steps (mean log
     gate >= -8.5 per step); beyond it the factors are clamped (finite, inaccurate).
-The path is chosen per chunk inside the kernels.
+The path is chosen per chunk: each per-chunk kernel runs in two launches, the one-anchor
+variant over all chunks (skipping steep ones) and the sub-block variant over the list of steep
+chunks that _fwd_o builds (see triton_intra.py).
 
 Kernels (one launch each; the scans in triton_scan.py, the per-chunk kernels in triton_intra.py,
 their shared pieces in triton_common.py, the host side here):
   fwd: _fwd_h    slot memories entering every chunk (sequential over chunks; long sequences in
                   parallel segments, see triton_utils.segment_of_sequence), final state
-       _fwd_o    z (saved, fp32), softmax, o: fully parallel over (query head, chunk)
+       _fwd_o    z (saved, fp32), softmax, o: fully parallel over (query head, chunk); also
+                  flags the steep chunks (kept for the backward)
   bwd: _bwd_dp   per query head: dp (pass-2 read-out gradient), softmax backward dz,
                   row terms z*dz + p*dp of the gate gradient (fp32), and dq
        _bwd_dh    dK~, dV~ leaving every chunk (reverse scan, query-head group summed)
@@ -51,7 +54,8 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from ..triton_utils import is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum, scan_passes
+from ..triton_utils import (_sm_count, is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum,
+                            scan_passes)
 from .triton_intra import _bwd_dp_kernel, _bwd_dqk_kernel, _bwd_dvs_kernel, _fwd_o_kernel
 from .triton_scan import _bwd_dh_kernel, _fwd_h_kernel
 
@@ -61,19 +65,31 @@ BT = 64
 BS = 16
 COLUMNS = 64  # output columns per step in _fwd_o (o) and _bwd_dp (dq): halves the live accumulator at D=128
 
-# kernel -> (num_warps, num_stages); the benchmark may override, the GPU tests check these.
+# kernel -> (num_warps, num_stages); the benchmark may override, the GPU tests check these. With
+# the one-anchor kernels on their own (no sub-block body capping their registers) the per-chunk
+# kernels gained from a third stage (fwd_o, dp) and from 4 warps (dqk, dvs): 2.11 -> 1.98 ms
+# fwd+bwd at the Mistral shape on the H100 (benchmarks/README.md).
 CONFIGS = {
     "fwd_h": (4, 3),
-    "fwd_o": (4, 2),
-    "bwd_dp": (4, 2),
+    "fwd_o": (4, 3),
+    "bwd_dp": (4, 3),
     "bwd_dh": (4, 3),
-    "bwd_dqk": (8, 1),
-    "bwd_dvs": (8, 1),
+    "bwd_dqk": (4, 1),
+    "bwd_dvs": (4, 1),
 }
 
+# Head dims up to 64 (SmolLM2) keep the per-chunk pins from before: the ones above were timed at
+# D=128 only; these at D=64, with the launch split too (1.94 ms fwd+bwd, README).
+CONFIGS_D64 = {"fwd_o": (4, 2), "bwd_dp": (4, 2), "bwd_dqk": (8, 1), "bwd_dvs": (8, 1)}
 
-def _cfg(name):
-    w, s = CONFIGS[name]
+STEEP_PROGRAMS: Optional[int] = None
+"""Programs (per query head) of the sub-block launches, striding through the list of steep chunks;
+None: one per SM. Tests set it small so that each program takes several chunks."""
+
+
+def _cfg(name, D=128):
+    """Launch config of kernel `name` for head-dim tiles of width D."""
+    w, s = CONFIGS_D64[name] if D <= 64 and name in CONFIGS_D64 else CONFIGS[name]
     return dict(num_warps=w, num_stages=s)
 
 
@@ -92,6 +108,19 @@ def _split(D: int) -> int:
     return min(64, next_pow2(D)) if is_interpreting() else 64
 
 
+def _chunk_lists(n: int, device) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """Per (chunk, kv head) flags (1: steep, sub-blocks), the list [count, entries...] of the steep
+    ones (both filled by _fwd_o), and the program count P of the sub-block launches."""
+    if STEEP_PROGRAMS is not None:
+        P = STEEP_PROGRAMS
+    elif device.type == "cuda":
+        P = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    else:
+        P = 4
+    flags = torch.empty(n, dtype=torch.int8, device=device)
+    return flags, torch.zeros(n + 1, dtype=torch.int32, device=device), max(1, min(n, P))
+
+
 def _segment_buffers(n: int, K: int, V: int, M: int, device):
     """End states of the key and value memories ([n, K, M], [n, M, V]) and the total log2 slot
     decays [n, M] of the segments of a segmented scan."""
@@ -105,6 +134,7 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     G = HQ // H
     N, NTT, chunk_indices, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
     BKf, BVf, BM = _tile(K), _tile(V), _tile(M)
+    BD = max(BKf, BVf)
     BKs, BVs = _split(K), _split(V)
     NK, NV = triton.cdiv(K, BKs), triton.cdiv(V, BVs)
     sdt = q.dtype
@@ -128,33 +158,38 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     p = torch.empty(B, T, HQ, M, dtype=q.dtype, device=q.device)
     NTg = NTT if cu_seqlens is not None else triton.cdiv(T, BT)
     Bg = 1 if cu_seqlens is not None else B
-    _fwd_o_kernel[(G, NTg, Bg * H)](
-        q, k, v, s, g, hk, hv, o, z, p, cu_seqlens, chunk_indices, scale, T,
-        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BVf, COLUMNS),
-        IS_VARLEN=cu_seqlens is not None, **_cfg("fwd_o"))
-    return o, z, p, hk, hv, htk, htv, (N, NTT, chunk_indices, chunk_offsets)
+    flags, steep, P = _chunk_lists(NTg * Bg * H, q.device)
+    for one, grid in ((True, (G, NTg, Bg * H)), (False, (G, P))):
+        _fwd_o_kernel[grid](
+            q, k, v, s, g, hk, hv, o, z, p, flags, steep, cu_seqlens, chunk_indices, scale, T, Bg * H,
+            HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BVf, COLUMNS),
+            IS_VARLEN=cu_seqlens is not None, ONE=one, **_cfg("fwd_o", BD))
+    return o, z, p, hk, hv, htk, htv, (N, NTT, chunk_indices, chunk_offsets), (flags, steep, P)
 
 
-def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0, cu_seqlens, chunks):
+def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0, cu_seqlens, chunks, lists):
     B, T, HQ, K = q.shape
     H, V, M = k.shape[2], v.shape[3], s.shape[3]
     G = HQ // H
     N, NTT, chunk_indices, chunk_offsets = chunks
     BKf, BVf, BM = _tile(K), _tile(V), _tile(M)
+    BD = max(BKf, BVf)
     BKs, BVs = _split(K), _split(V)
     NK, NV = triton.cdiv(K, BKs), triton.cdiv(V, BVs)
     varlen = cu_seqlens is not None
     NTg = NTT if varlen else triton.cdiv(T, BT)
     Bg = 1 if varlen else B
+    flags, steep, P = lists
     do = do.contiguous()
 
     dz = torch.empty(z.shape, dtype=q.dtype, device=q.device)   # only ever a dot operand (after scaling)
     r = torch.empty_like(z)
     dq = torch.empty_like(q)
-    _bwd_dp_kernel[(G, NTg, Bg * H)](
-        q, k, v, s, g, hk, hv, z, do, dz, r, dq, cu_seqlens, chunk_indices, scale, T,
-        HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BKf, COLUMNS),
-        IS_VARLEN=varlen, **_cfg("bwd_dp"))
+    for one, grid in ((True, (G, NTg, Bg * H)), (False, (G, P))):
+        _bwd_dp_kernel[grid](
+            q, k, v, s, g, hk, hv, z, do, dz, r, dq, flags, steep, cu_seqlens, chunk_indices, scale, T, Bg * H,
+            HQ=HQ, H=H, K=K, V=V, M=M, BT=BT, BS=BS, BK=BKf, BV=BVf, BM=BM, BC=min(BKf, COLUMNS),
+            IS_VARLEN=varlen, ONE=one, **_cfg("bwd_dp", BD))
 
     sdt = q.dtype
     dhk = q.new_empty(NTT, H, K, M, dtype=sdt)
@@ -176,12 +211,14 @@ def _bwd(q, k, v, s, g, scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, need_dh0,
     ds = torch.empty_like(s)
     ds1 = torch.empty(s.shape, dtype=torch.float32, device=s.device)
     dB = torch.empty(s.shape, dtype=torch.float32, device=s.device)
-    _bwd_dqk_kernel[(NTg, Bg * H)](
-        q, k, s, g, dz, r, dhk, dk, ds1, dB, cu_seqlens, chunk_indices, scale, T,
-        HQ=HQ, H=H, K=K, M=M, BT=BT, BS=BS, BK=BKf, BM=BM, IS_VARLEN=varlen, **_cfg("bwd_dqk"))
-    _bwd_dvs_kernel[(NTg, Bg * H)](
-        v, s, g, p, do, dhv, dv, ds1, ds, dB, cu_seqlens, chunk_indices, T,
-        HQ=HQ, H=H, V=V, M=M, BT=BT, BS=BS, BV=BVf, BM=BM, IS_VARLEN=varlen, **_cfg("bwd_dvs"))
+    for one, grid in ((True, (NTg, Bg * H)), (False, (P,))):   # dvs reads ds1, dB of every chunk
+        _bwd_dqk_kernel[grid](
+            q, k, s, g, dz, r, dhk, dk, ds1, dB, flags, steep, cu_seqlens, chunk_indices, scale, T, Bg * H,
+            HQ=HQ, H=H, K=K, M=M, BT=BT, BS=BS, BK=BKf, BM=BM, IS_VARLEN=varlen, ONE=one, **_cfg("bwd_dqk", BD))
+    for one, grid in ((True, (NTg, Bg * H)), (False, (P,))):
+        _bwd_dvs_kernel[grid](
+            v, s, g, p, do, dhv, dv, ds1, ds, dB, flags, steep, cu_seqlens, chunk_indices, T, Bg * H,
+            HQ=HQ, H=H, V=V, M=M, BT=BT, BS=BS, BV=BVf, BM=BM, IS_VARLEN=varlen, ONE=one, **_cfg("bwd_dvs", BD))
 
     carry = None
     if use_dht:
@@ -198,10 +235,10 @@ class ChunkGSAFunction(torch.autograd.Function):
         if h0k is not None:
             h0k, h0v = h0k.contiguous(), h0v.contiguous()
         # the final state is always computed: it feeds the gate gradient's carry term
-        o, z, p, hk, hv, htk, htv, chunks = _fwd(q, k, v, s, g, scale, h0k, h0v, True, cu_seqlens)
-        ctx.save_for_backward(q, k, v, s, g, z, p, hk, hv, htk, htv, h0k, cu_seqlens,
+        o, z, p, hk, hv, htk, htv, chunks, (flags, steep, P) = _fwd(q, k, v, s, g, scale, h0k, h0v, True, cu_seqlens)
+        ctx.save_for_backward(q, k, v, s, g, z, p, hk, hv, htk, htv, h0k, cu_seqlens, flags, steep,
                               *(t for t in chunks[2:] if t is not None))
-        ctx.scale, ctx.chunks_n = scale, chunks[:2]
+        ctx.scale, ctx.chunks_n, ctx.steep_programs = scale, chunks[:2], P
         ctx.has_h0 = h0k is not None
         ctx.h0_dtypes = (h0k.dtype, h0v.dtype) if h0k is not None else None
         if output_final_state:
@@ -210,7 +247,7 @@ class ChunkGSAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dhtk, dhtv):
-        q, k, v, s, g, z, p, hk, hv, htk, htv, h0k, cu_seqlens, *tables = ctx.saved_tensors
+        q, k, v, s, g, z, p, hk, hv, htk, htv, h0k, cu_seqlens, flags, steep, *tables = ctx.saved_tensors
         chunk_indices, chunk_offsets = (tables if tables else (None, None))
         chunks = (*ctx.chunks_n, chunk_indices, chunk_offsets)
         if dhtk is None and dhtv is not None:
@@ -220,7 +257,8 @@ class ChunkGSAFunction(torch.autograd.Function):
         if dhtk is not None:
             dhtk, dhtv = dhtk.contiguous(), dhtv.contiguous()
         dq, dk, dv, ds, dg, dh0k, dh0v = _bwd(
-            q, k, v, s, g, ctx.scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, ctx.has_h0, cu_seqlens, chunks)
+            q, k, v, s, g, ctx.scale, z, p, hk, hv, do, dhtk, dhtv, htk, htv, ctx.has_h0, cu_seqlens, chunks,
+            (flags, steep, ctx.steep_programs))
         if ctx.has_h0:
             dh0k, dh0v = dh0k.to(ctx.h0_dtypes[0]), dh0v.to(ctx.h0_dtypes[1])
         return dq, dk, dv, ds, dg, None, dh0k, dh0v, None, None

@@ -2,8 +2,7 @@
 the in-chunk gate cumsum, and the anchored decay factors and mixes that put the per-slot decay
 2^(b_i - b_j) on tensor cores. The anchor block size bs is a compile-time constant: BT (one
 anchor per chunk: the block loops have one trip and fold away) or BS (one per sub-block: real
-loops, not unrolled, so this rarely taken variant does not raise the kernel's register count);
-the kernels pick the variant per chunk at run time."""
+loops, not unrolled); each variant is its own compilation and launch (triton_intra.py)."""
 import os
 
 import triton
@@ -23,6 +22,15 @@ def _dot(a, b):
         return tl.dot(a, b, input_precision=_PREC)
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _dot_acc(a, b, acc):
+    """acc + a @ b, accumulated in the product."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision=_PREC)
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -162,22 +170,31 @@ def _mix_t(X, fac, like, bs: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _mix_bwd(X, Y, fac, bs: tl.constexpr, BT: tl.constexpr):
+def _mix_bwd(X, Y, ds, fac, bs: tl.constexpr, BT: tl.constexpr):
     """The two products of the backward kernels for X = Y' * F (fp32), Y [BT, BT] (dot dtype):
-    (sum_I (s * H^I) @ X_I^T [BT, BT] (keys j, rows i), sum_I H^I * (Y @ X_I) [BT, BM])."""
+    (sum_I (s * H^I) @ X_I^T [BT, BT] (keys j, rows i), ds + sum_I H^I * (Y @ X_I) [BT, BM]).
+    One anchor: H = 1 / F is left to _mix_bwd_end, so ds accumulates Y @ X in the product itself
+    (one division after a query-head loop instead of one per step)."""
     if bs == BT:
         x = X.to(Y.dtype)
         acc = _dot(fac[1], tl.trans(x))
-        ds = _dot(Y, x) / fac[0]
+        ds = _dot_acc(Y, x, ds)
     else:
         acc = tl.zeros([BT, BT], dtype=tl.float32)
-        ds = tl.zeros_like(X)
         for I in range(BT // bs):
             h = _key_factor(fac[2], I, bs, BT)
             x = tl.where(_in_block(I, bs, BT), X, 0.).to(Y.dtype)
             acc += _dot((fac[1] * h).to(Y.dtype), tl.trans(x))
             ds += h * _dot(Y, x)
     return acc, ds
+
+
+@triton.jit
+def _mix_bwd_end(ds, fac, bs: tl.constexpr, BT: tl.constexpr):
+    """ds summed by _mix_bwd, with the one-anchor factor H = 1 / F applied."""
+    if bs == BT:
+        ds = ds / fac[0]
+    return ds
 
 
 @triton.jit

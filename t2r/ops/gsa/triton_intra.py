@@ -2,17 +2,56 @@
 forward logits, softmax and outputs, and the three backward kernels (dp and dq per query
 head; dk and dv with their parts of ds and of the gate gradient per kv head).
 
-Each kernel locates its chunk, builds the gate cumsum, and calls its ``_chunk`` body with the
-anchor block size as a compile-time constant: BT when one anchor row spans the chunk's decay
-(``fits_one_anchor``; trained GSA gates, logsigmoid / 8, always do), else BS. Two straight-line
-variants instead of one with run-time block loops and masks: forward+backward 2.33 -> 2.12 ms at
-the Mistral layer shape on an H100 (benchmarks/README.md)."""
+Each kernel is compiled twice, with the anchor block size a compile-time constant, and launched
+twice (ONE = True, then False): the one-anchor variant (bs = BT) over every chunk, skipping the
+chunks whose gate cumsum is too steep for one anchor (``fits_one_anchor``; the GSA layer's
+logsigmoid / 8 gates always fit), then the sub-block variant (bs = BS) over the list of those chunks
+only, which is usually empty. ``_fwd_o`` (ONE) classifies the chunks: it writes one flag per
+(chunk, kv head) and appends the steep ones to that list, both kept for the backward. Why: one
+kernel holding both variants behind a run-time branch had the register budget of the rarely taken
+sub-block one; split, the one-anchor kernels run best under other launch configs, and fwd+bwd took
+1.98 instead of 2.11 ms at the Mistral layer shape on an H100 (benchmarks/README.md)."""
 import triton
 import triton.language as tl
 
 from ..triton_utils import chunk_bounds, fits_one_anchor
 from .triton_common import (_decay, _decay_to_end, _dot, _factors, _gate_cumsum, _load_cols, _load_rows, _mix,
-                            _mix_bwd, _mix_t, _softmax_rows, _store_cols, _store_rows)
+                            _mix_bwd, _mix_bwd_end, _mix_t, _softmax_rows, _store_cols, _store_rows)
+
+
+# --------------------------------------------------------------------------------------
+# chunk lists: which launch runs which chunk
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T,
+            H: tl.constexpr, M: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(i_t, bos, T of the sequence, i_c, i_h, gate cumsum b) of chunk i_tc of batch-head i_bh."""
+    i_b, i_h = i_bh // H, i_bh % H
+    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    return i_t, bos, T, i_c, i_h, _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
+
+
+@triton.jit
+def _classify(flags, steep, idx, one):
+    """Flag entry idx = i_tc * NBH + i_bh steep (1) or not (0); append a steep one to the list
+    steep = [count, entries...] (in any order: each chunk is computed on its own)."""
+    if one:
+        tl.store(flags + idx, 0)
+    else:
+        tl.store(flags + idx, 1)
+        tl.store(steep + 1 + tl.atomic_add(steep, 1), idx)
+
+
+@triton.jit
+def _is_mild(flags, i_tc, i_bh, NBH):
+    return tl.load(flags + i_tc * NBH + i_bh) == 0
+
+
+@triton.jit
+def _listed(steep, j, NBH):
+    """(i_tc, i_bh) of the j-th steep chunk."""
+    e = tl.load(steep + 1 + j)
+    return e // NBH, e % NBH
 
 
 # --------------------------------------------------------------------------------------
@@ -20,23 +59,31 @@ from .triton_common import (_decay, _decay_to_end, _dot, _factors, _gate_cumsum,
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_o_kernel(
-    q, k, v, s, g, hk, hv, o, z, p, cu_seqlens, chunk_indices, scale, T,
+    q, k, v, s, g, hk, hv, o, z, p, flags, steep, cu_seqlens, chunk_indices, scale, T, NBH,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
-    BC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BC: tl.constexpr, IS_VARLEN: tl.constexpr, ONE: tl.constexpr,
 ):
-    i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """ONE: grid (G, chunks, NBH), classifies every chunk and runs the mild ones; else grid
+    (G, P), runs the steep ones, P programs striding through the list."""
+    i_g = tl.program_id(0)
     G: tl.constexpr = HQ // H
-    i_b, i_h = i_bh // H, i_bh % H
-    i_hq = i_h * G + i_g
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    if fits_one_anchor(b_b):
-        _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                     HQ, H, K, V, M, BT, BT, BK, BM, BC)
+    if ONE:
+        i_tc, i_bh = tl.program_id(1), tl.program_id(2)
+        i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM, IS_VARLEN)
+        one = fits_one_anchor(b_b)
+        if i_g == 0:
+            _classify(flags, steep, i_tc * NBH + i_bh, one)
+        if one:
+            _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, Tn, i_c, i_h, i_h * G + i_g,
+                         HQ, H, K, V, M, BT, BT, BK, BM, BC)
     else:
-        _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                     HQ, H, K, V, M, BT, BS, BK, BM, BC)
+        for j in range(tl.program_id(1), tl.load(steep), tl.num_programs(1)):
+            i_tc, i_bh = _listed(steep, j, NBH)
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _fwd_o_chunk(q, k, v, s, hk, hv, o, z, p, b_b, scale, bos, i_t, Tn, i_c, i_h, i_h * G + i_g,
+                         HQ, H, K, V, M, BT, BS, BK, BM, BC)
 
 
 @triton.jit
@@ -79,23 +126,27 @@ def _fwd_o_chunk(
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dp_kernel(
-    q, k, v, s, g, hk, hv, z, do, dz, r, dq, cu_seqlens, chunk_indices, scale, T,
+    q, k, v, s, g, hk, hv, z, do, dz, r, dq, flags, steep, cu_seqlens, chunk_indices, scale, T, NBH,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
-    BC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BC: tl.constexpr, IS_VARLEN: tl.constexpr, ONE: tl.constexpr,
 ):
-    i_g, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_g = tl.program_id(0)
     G: tl.constexpr = HQ // H
-    i_b, i_h = i_bh // H, i_bh % H
-    i_hq = i_h * G + i_g
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    if fits_one_anchor(b_b):
-        _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                      HQ, H, K, V, M, BT, BT, BV, BM, BC)
+    if ONE:
+        i_tc, i_bh = tl.program_id(1), tl.program_id(2)
+        if _is_mild(flags, i_tc, i_bh, NBH):
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, Tn, i_c, i_h, i_h * G + i_g,
+                          HQ, H, K, V, M, BT, BT, BV, BM, BC)
     else:
-        _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, T, i_c, i_h, i_hq,
-                      HQ, H, K, V, M, BT, BS, BV, BM, BC)
+        for j in range(tl.program_id(1), tl.load(steep), tl.num_programs(1)):
+            i_tc, i_bh = _listed(steep, j, NBH)
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dp_chunk(q, k, v, s, hk, hv, z, do, dz, r, dq, b_b, scale, bos, i_t, Tn, i_c, i_h, i_h * G + i_g,
+                          HQ, H, K, V, M, BT, BS, BV, BM, BC)
 
 
 @triton.jit
@@ -138,21 +189,25 @@ def _bwd_dp_chunk(
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dqk_kernel(
-    q, k, s, g, dz, r, dhk, dk, ds1, dB, cu_seqlens, chunk_indices, scale, T,
+    q, k, s, g, dz, r, dhk, dk, ds1, dB, flags, steep, cu_seqlens, chunk_indices, scale, T, NBH,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ONE: tl.constexpr,
 ):
-    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    if fits_one_anchor(b_b):
-        _bwd_dqk_chunk(q, k, s, dz, r, dhk, dk, ds1, dB, b_b, scale, bos, i_t, T, i_c, i_h,
-                       HQ, H, K, M, BT, BT, BK, BM)
+    if ONE:
+        i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+        if _is_mild(flags, i_tc, i_bh, NBH):
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dqk_chunk(q, k, s, dz, r, dhk, dk, ds1, dB, b_b, scale, bos, i_t, Tn, i_c, i_h,
+                           HQ, H, K, M, BT, BT, BK, BM)
     else:
-        _bwd_dqk_chunk(q, k, s, dz, r, dhk, dk, ds1, dB, b_b, scale, bos, i_t, T, i_c, i_h,
-                       HQ, H, K, M, BT, BS, BK, BM)
+        for j in range(tl.program_id(0), tl.load(steep), tl.num_programs(0)):
+            i_tc, i_bh = _listed(steep, j, NBH)
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dqk_chunk(q, k, s, dz, r, dhk, dk, ds1, dB, b_b, scale, bos, i_t, Tn, i_c, i_h,
+                           HQ, H, K, M, BT, BS, BK, BM)
 
 
 @triton.jit
@@ -172,27 +227,28 @@ def _bwd_dqk_chunk(
 
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_ds = tl.zeros([BT, BM], dtype=tl.float32)
-    b_r = tl.zeros([BT, BM], dtype=tl.float32)
     for i_g in range(G):
         i_hq = i_h * G + i_g
         b_q = _load_rows(q, bos, i_t, T, i_hq, HQ, K, BT, BK)
         b_qs = (b_q.to(tl.float32) * scale).to(dt)
         b_dz = _load_rows(dz, bos, i_t, T, i_hq, HQ, M, BT, BM)
-        b_r += _load_rows(r, bos, i_t, T, i_hq, HQ, M, BT, BM)
         b_At = tl.where(m_causal_t, _dot(b_k, tl.trans(b_qs)), 0.).to(dt)   # A1^T [j, i]
-        b_dAt, b_dsg = _mix_bwd(b_dz * fac[0], b_At, fac, bs, BT)
-        b_ds += b_dsg
+        b_dAt, b_ds = _mix_bwd(b_dz * fac[0], b_At, b_ds, fac, bs, BT)
         b_dAt = tl.where(m_causal_t, b_dAt, 0.).to(dt)
         b_dk += _dot(b_dAt, b_qs)
+    b_ds = _mix_bwd_end(b_ds, fac, bs, BT)
     b_gam = _decay_to_end(fac, b_bl, bs, BT)
     p_dh = tl.make_block_ptr(dhk + (i_c * H + i_h) * K * M, (K, M), (M, 1), (0, 0), (BK, BM), (1, 0))
     b_dKn = tl.load(p_dh, boundary_check=(0, 1)).to(dt)
-    b_sg = (b_s * b_gam).to(dt)
-    b_dk += _dot(b_sg, tl.trans(b_dKn))
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)   # reloaded: fewer live registers
+    b_dk += _dot((b_s * b_gam).to(dt), tl.trans(b_dKn))
     b_ds += b_gam * _dot(b_k, b_dKn)
     _store_rows(dk, b_dk, bos, i_t, T, i_h, H, K, BT, BK)
     _store_rows(ds1, b_ds, bos, i_t, T, i_h, H, M, BT, BM)
-    _store_rows(dB, b_r - b_s * b_ds, bos, i_t, T, i_h, H, M, BT, BM)
+    b_dB = -b_s * b_ds
+    for i_g in range(G):   # the row terms, summed over the group after the loop above (fewer live registers)
+        b_dB += _load_rows(r, bos, i_t, T, i_h * G + i_g, HQ, M, BT, BM)
+    _store_rows(dB, b_dB, bos, i_t, T, i_h, H, M, BT, BM)
 
 
 # --------------------------------------------------------------------------------------
@@ -200,21 +256,25 @@ def _bwd_dqk_chunk(
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dvs_kernel(
-    v, s, g, p, do, dhv, dv, ds1, ds, dB, cu_seqlens, chunk_indices, T,
+    v, s, g, p, do, dhv, dv, ds1, ds, dB, flags, steep, cu_seqlens, chunk_indices, T, NBH,
     HQ: tl.constexpr, H: tl.constexpr, V: tl.constexpr, M: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ONE: tl.constexpr,
 ):
-    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    b_b = _gate_cumsum(g, bos, i_t, T, i_h, H, M, BT, BM)
-    if fits_one_anchor(b_b):
-        _bwd_dvs_chunk(v, s, p, do, dhv, dv, ds1, ds, dB, b_b, bos, i_t, T, i_c, i_h,
-                       HQ, H, V, M, BT, BT, BV, BM)
+    if ONE:
+        i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+        if _is_mild(flags, i_tc, i_bh, NBH):
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dvs_chunk(v, s, p, do, dhv, dv, ds1, ds, dB, b_b, bos, i_t, Tn, i_c, i_h,
+                           HQ, H, V, M, BT, BT, BV, BM)
     else:
-        _bwd_dvs_chunk(v, s, p, do, dhv, dv, ds1, ds, dB, b_b, bos, i_t, T, i_c, i_h,
-                       HQ, H, V, M, BT, BS, BV, BM)
+        for j in range(tl.program_id(0), tl.load(steep), tl.num_programs(0)):
+            i_tc, i_bh = _listed(steep, j, NBH)
+            i_t, bos, Tn, i_c, i_h, b_b = _locate(g, cu_seqlens, chunk_indices, i_tc, i_bh, T, H, M, BT, BM,
+                                                  IS_VARLEN)
+            _bwd_dvs_chunk(v, s, p, do, dhv, dv, ds1, ds, dB, b_b, bos, i_t, Tn, i_c, i_h,
+                           HQ, H, V, M, BT, BS, BV, BM)
 
 
 @triton.jit
@@ -231,8 +291,6 @@ def _bwd_dvs_chunk(
     b_v = _load_rows(v, bos, i_t, T, i_h, H, V, BT, BV)
     dt = b_v.dtype
     fac = _factors(b_b, b_s, b_v, bs, BT)
-    p_dh = tl.make_block_ptr(dhv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
-    b_dVn = tl.load(p_dh, boundary_check=(0, 1)).to(dt)
 
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     b_ds = tl.zeros([BT, BM], dtype=tl.float32)
@@ -241,13 +299,16 @@ def _bwd_dvs_chunk(
         b_do = _load_rows(do, bos, i_t, T, i_hq, HQ, V, BT, BV).to(dt)
         b_pF = _load_rows(p, bos, i_t, T, i_hq, HQ, M, BT, BM).to(tl.float32) * fac[0]
         b_dAt = tl.where(m_causal_t, _dot(b_v, tl.trans(b_do)), 0.).to(dt)   # dA2^T [j, i]
-        b_At, b_dsg = _mix_bwd(b_pF, b_dAt, fac, bs, BT)
-        b_ds += b_dsg
+        b_At, b_ds = _mix_bwd(b_pF, b_dAt, b_ds, fac, bs, BT)
         b_At = tl.where(m_causal_t, b_At, 0.).to(dt)
         b_dv += _dot(b_At, b_do)
+    b_ds = _mix_bwd_end(b_ds, fac, bs, BT)
     b_gam = _decay_to_end(fac, b_bl, bs, BT)
-    b_sg = (b_s * b_gam).to(dt)
-    b_dv += _dot(b_sg, b_dVn)
+    # dV~ and s loaded after the loop: fewer live registers in it
+    p_dh = tl.make_block_ptr(dhv + (i_c * H + i_h) * M * V, (M, V), (V, 1), (0, 0), (BM, BV), (1, 0))
+    b_dVn = tl.load(p_dh, boundary_check=(0, 1)).to(dt)
+    b_s = _load_rows(s, bos, i_t, T, i_h, H, M, BT, BM).to(tl.float32)
+    b_dv += _dot((b_s * b_gam).to(dt), b_dVn)
     b_ds += b_gam * _dot(b_v, tl.trans(b_dVn))
     _store_rows(dv, b_dv, bos, i_t, T, i_h, H, V, BT, BV)
     b_ds1 = _load_rows(ds1, bos, i_t, T, i_h, H, M, BT, BM)
