@@ -37,7 +37,7 @@ PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
 DAMAGED = "damaged"
-_STEP = re.compile(rf"{PREFIX}(\d+)")
+_STEP = re.compile(rf"{PREFIX}(\d+)(?:-[A-Za-z0-9_-]+)?")  # step-N, or step-N-<stage> in a staged run
 _PICKLED = re.compile(r"\.(pkl|pickle)$|^custom_checkpoint_\d+")  # need an unrestricted unpickler
 
 
@@ -63,12 +63,13 @@ def read_state(checkpoint: Path) -> dict:
 
 
 def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callable[[Path], None] | None = None,
-         keep_last: int | None = None) -> Path:
-    """Write checkpoint `step-<state['step']>` atomically; `write_extra(dir)` adds files (the recipe) before
-    the manifest. Every process must call this (save_state is collective). Pruning keeps the `keep_last`
-    newest checkpoints up to this one, never this one and never a newer one."""
+         keep_last: int | None = None, label: str | None = None) -> Path:
+    """Write checkpoint `step-<state['step']>` (`step-<step>-<label>` with a label: a stage's name)
+    atomically; `write_extra(dir)` adds files (the recipe) before the manifest. Every process must call this
+    (save_state is collective). Pruning keeps the `keep_last` newest checkpoints up to this one, never this one
+    and never a newer one."""
     root = Path(root)
-    final = root / f"{PREFIX}{state['step']:08d}"
+    final = root / (f"{PREFIX}{state['step']:08d}" + (f"-{label}" if label else ""))
     tmp = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)

@@ -51,13 +51,30 @@ def _type_error(path: str, expected: str, value) -> RecipeError:
     return RecipeError(f"{path}: expected {expected}, got {value!r}")
 
 
+def _branch(options: list, value):
+    """The member of a union that `value` is written as: a list for a list hint, a mapping for a section or
+    a dict hint, else the first scalar (`str | dict` takes "kl" as the string, `{kl: 1}` as the dict)."""
+    def shape(tp):
+        origin = typing.get_origin(tp)
+        if origin in (list, tuple):
+            return (list, tuple)
+        return (dict,) if dataclasses.is_dataclass(tp) or tp is dict or origin is dict else None
+
+    for tp in options:
+        kinds = shape(tp)
+        if kinds is not None and isinstance(value, kinds):
+            return tp
+    scalars = [tp for tp in options if shape(tp) is None]
+    return (scalars or options)[0]
+
+
 def coerce(value, tp, path: str):
     """`value` as type hint `tp`, or a RecipeError naming `path`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (tp,) = [a for a in args if a is not type(None)]
+        tp = _branch([a for a in args if a is not type(None)], value)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
     if value is None:
         raise RecipeError(f"{path}: must be set (got null)")

@@ -20,7 +20,7 @@ def flat(recipe) -> dict:
             out.update({f"{section}.{k}": v if isinstance(v, (int, float, str, bool)) else str(v)
                         for k, v in values.items()})
         else:
-            out[section] = values
+            out[section] = values if isinstance(values, (int, float, str, bool)) else str(values)
     return out
 
 
@@ -29,15 +29,17 @@ class Progress:
     where a bar's carriage returns pile up into one huge line, one plain line on stdout every `every` steps
     and at the last step."""
 
-    def __init__(self, total: int, start: int, enabled: bool, every: int = 1, stream=None):
+    def __init__(self, total: int, start: int, enabled: bool, every: int = 1, stream=None, label: str = ""):
         self.total, self.every, self.enabled = total, every, enabled
+        self.prefix = f"{label} " if label else ""  # a stage's name: its steps count from 1 within it
         self.started, self.start = time.perf_counter(), start
         stream = sys.stderr if stream is None else stream
         self.bar = None
         if enabled and _is_terminal(stream):
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=stream)
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=stream,
+                            desc=label or None)
 
     def step(self, metrics: dict) -> None:
         loss = "skipped" if metrics.get("skipped") else f"{metrics['loss']:.3f}"
@@ -50,7 +52,7 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.started
         left = elapsed / (step - self.start) * (self.total - step) if step > self.start else 0.0
-        print(f"step {step}/{self.total}  loss {loss}  lr {metrics['lr']:.2e}  "
+        print(f"{self.prefix}step {step}/{self.total}  loss {loss}  lr {metrics['lr']:.2e}  "
               f"grad_norm {_number(metrics.get('grad_norm'))}  {metrics['tokens_per_s']:,.0f} tok/s  "
               f"{metrics['tokens']:,} tokens  elapsed {_duration(elapsed)}  left {_duration(left)}", flush=True)
 

@@ -3,7 +3,8 @@ distribution, mixed precision and gradient accumulation), exact resume from veri
 
 A run locks its checkpoint directory, checks its data before the model loads, starts afresh only in a
 directory it may claim (`resume.choose_start`), skips optimizer steps whose loss or gradient norm is not
-finite (`guard`), and never saves non-finite weights."""
+finite (`guard`), and never saves non-finite weights. A recipe with a stage list runs each stage through the same
+step loop (`train_steps`; the stages themselves: `t2r.train.stages`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import itertools
 import json
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -34,6 +36,7 @@ from .recipe import save_resolved
 from .resume import choose_start
 from .run_dir import RunLock
 from .schedule import lr_factor
+from .stages import train_stages
 from .transfer import attention_transfer
 
 
@@ -81,9 +84,109 @@ def step_loss(model, batch: dict, teacher=None, distill=None) -> torch.Tensor:
     with torch.no_grad():
         target = teacher(**inputs).logits.float()
     t = distill.temperature
-    student = F.log_softmax(out.logits.float().flatten(0, -2) / t, -1)
-    kl = F.kl_div(student, F.log_softmax(target.flatten(0, -2) / t, -1), log_target=True, reduction="batchmean")
-    return (1 - distill.weight) * out.loss + distill.weight * t * t * kl
+    return (1 - distill.weight) * out.loss + distill.weight * t * t * distill_kl(out.logits, target, t)
+
+
+def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) per token on temperature-softened distributions (without the T^2 factor)."""
+    t = temperature
+    student = F.log_softmax(student_logits.float().flatten(0, -2) / t, -1)
+    target = F.log_softmax(teacher_logits.float().flatten(0, -2) / t, -1)
+    return F.kl_div(student, target, log_target=True, reduction="batchmean")
+
+
+@dataclass
+class Steps:
+    """One run of optimizer steps with one loss, optimizer and schedule: the whole training of a recipe without
+    a stage list, or one stage of one. `loss(batch)` gives (loss, {part: value}); `lr_at(i)` the lr factor of
+    this run's step i (0-based); the steps count from global step `first`."""
+
+    total: int
+    loss: Callable[[dict], tuple[torch.Tensor, dict]]
+    optimizer: object
+    params: list
+    peak_lr: float
+    lr_at: Callable[[int], float]
+    batches: Iterable[dict]
+    first: int = 0
+    stage: str | None = None  # the stage's name: in rows, progress, checkpoint names and the trainer state
+    lr_field: str = "train.lr"
+    manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
+
+
+def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
+    """Train `run` from global step `state["step"]` to `run.first + run.total`, logging each step to
+    metrics.jsonl and saving checkpoints every `checkpoint.every_steps` global steps and at the run's last
+    step; `state` (step, tokens, skipped steps) is kept up to date. Returns the last step's metrics."""
+    root, world = Path(recipe.checkpoint.dir), accelerator.num_processes
+    accum, step, tokens = accelerator.gradient_accumulation_steps, state["step"], state["tokens"]
+    guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
+        f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
+    guard.total = state["skipped_steps"]
+    end = run.first + run.total
+    progress = logs.Progress(run.total, step - run.first, accelerator.is_main_process, recipe.logging.every_steps,
+                             label=run.stage or "")
+    model.train()
+    window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
+    metrics = {"step": step, "tokens": tokens}
+    for batch in run.batches:
+        if step >= end:
+            break
+        with accelerator.accumulate(model):
+            loss, parts = run.loss(batch)
+            accelerator.backward(loss)
+            window_loss += loss.detach().float().item() / accum
+            for name, value in parts.items():
+                window_parts[name] = window_parts.get(name, 0.0) + value / accum
+            window_tokens += batch["input_ids"].numel() * world
+            if accelerator.sync_gradients:
+                if world > 1:  # the mean over processes: every process then takes the same decision
+                    means = torch.tensor([window_loss, *window_parts.values()], device=accelerator.device)
+                    window_loss, *rest = accelerator.reduce(means, "mean").tolist()
+                    window_parts = dict(zip(window_parts, rest))
+                    if run.manual_grad_sync:
+                        for p in run.params:
+                            if p.grad is not None:
+                                p.grad = accelerator.reduce(p.grad, "mean")
+                grad_norm = float(accelerator.clip_grad_norm_(run.params, recipe.train.grad_clip or math.inf))
+                lr = run.peak_lr * run.lr_at(step - run.first)
+                update = guard.check(step + 1, window_loss, grad_norm)
+                if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
+                    for group in run.optimizer.param_groups:
+                        group["lr"] = lr
+                    run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        tokens += window_tokens
+        elapsed = time.perf_counter() - window_start
+        metrics = {"step": step, "tokens": tokens, "loss": logs.finite_or_none(window_loss), "lr": lr,
+                   "grad_norm": logs.finite_or_none(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+        if run.stage is not None:
+            metrics.update(stage=run.stage, stage_step=step - run.first,
+                           **{f"loss_{name}": logs.finite_or_none(value) for name, value in window_parts.items()})
+        if not update:
+            metrics["skipped"] = True
+        window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
+        progress.step({**metrics, "step": step - run.first})
+        if accelerator.is_main_process:
+            history.append(metrics)
+            logs.append_jsonl(root / "metrics.jsonl", metrics)
+        if step % recipe.logging.every_steps == 0 and recipe.logging.trackers:
+            accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        state.update(step=step, tokens=tokens, skipped_steps=guard.total)
+        if run.stage is not None:
+            state["stage_step"] = step - run.first
+        if step % recipe.checkpoint.every_steps == 0 or step == end:
+            _require_finite(model, accelerator, step, root)
+            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
+                            label=run.stage)
+        for callback in callbacks:
+            callback(metrics)
+    progress.close()
+    return metrics
 
 
 @torch.no_grad()
@@ -174,6 +277,8 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
         save_resolved(recipe, root)
     total_steps, accum = recipe.total_steps, accelerator.gradient_accumulation_steps
     set_seed(train.seed)
+    if recipe.staged:
+        return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks))
 
     model, tokenizer, teacher = build_model(recipe)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -229,64 +334,25 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
         state.update(attention_transfer_done=True, attention_transfer_mse=[transfer_mse[0], transfer_mse[-1]])
         checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
                         keep_last=max(1, recipe.checkpoint.keep_last))
-    guard = NonFiniteGuard(train.max_nonfinite_steps, hint=(
-        f": lower train.lr (now {train.lr}) and --resume, or check the data and the weights' dtype"))
-    guard.total = state["skipped_steps"]
     lr_at = partial(lr_factor, warmup_steps=train.warmup_steps, total_steps=total_steps, schedule=train.schedule,
                     min_lr_ratio=train.min_lr_ratio)
-    progress = logs.progress(total_steps, step, accelerator.is_main_process, recipe.logging.every_steps)
-    model.train()
-    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-    metrics = {"step": step, "tokens": tokens}
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"), accelerator.device, rank, world,
                             skip=step * accum * world)
-    for batch in batches:
-        if step >= total_steps:
-            break
-        with accelerator.accumulate(model):
-            loss = step_loss(model, batch, teacher if recipe.stages.distill else None, recipe.stages.distill)
-            accelerator.backward(loss)
-            window_loss += loss.detach().float().item() / accum
-            window_tokens += batch["input_ids"].numel() * world
-            if accelerator.sync_gradients:
-                if world > 1:  # the mean over processes: every process then takes the same decision
-                    window_loss = accelerator.reduce(torch.tensor(window_loss, device=accelerator.device), "mean").item()
-                grad_norm = float(accelerator.clip_grad_norm_(params, train.grad_clip or math.inf))
-                lr = train.lr * lr_at(step)
-                update = guard.check(step + 1, window_loss, grad_norm)
-                if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
-                    optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if not accelerator.sync_gradients:
-            continue
-        step += 1
-        tokens += window_tokens
-        elapsed = time.perf_counter() - window_start
-        metrics = {"step": step, "tokens": tokens, "loss": logs.finite_or_none(window_loss), "lr": lr,
-                   "grad_norm": logs.finite_or_none(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
-        if not update:
-            metrics["skipped"] = True
-        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-        progress.step(metrics)
-        if accelerator.is_main_process:
-            history.append(metrics)
-            logs.append_jsonl(root / "metrics.jsonl", metrics)
-        if step % recipe.logging.every_steps == 0 and recipe.logging.trackers:
-            accelerator.log({k: v for k, v in metrics.items() if v is not None}, step=step)
-        if step % recipe.checkpoint.every_steps == 0 or step == total_steps:
-            _require_finite(model, accelerator, step, root)
-            state.update(step=step, tokens=tokens, skipped_steps=guard.total)
-            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
-                            keep_last=max(1, recipe.checkpoint.keep_last))  # 0: the newest until final/ is written
-        for callback in callbacks:
-            callback(metrics)
-    progress.close()
+    distill = recipe.stages.distill
+    run = Steps(total_steps, lambda batch: (step_loss(model, batch, teacher if distill else None, distill), {}),
+                optimizer, params, train.lr, lr_at, batches)
+    metrics = train_steps(recipe, accelerator, model, run, state, history, callbacks)
+    return _finish(recipe, accelerator, model, tokenizer, state, metrics, history)
+
+
+def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, history: list) -> dict:
+    """After the last step: the held-out loss, the final model, final_metrics.json, the plot."""
+    root, step, tokens = Path(recipe.checkpoint.dir), state["step"], state["tokens"]
+    world, rank = accelerator.num_processes, accelerator.process_index
 
     _require_finite(model, accelerator, step, root)
     final = dict(metrics)
-    final["skipped_steps"] = guard.total
+    final["skipped_steps"] = state["skipped_steps"]
     if state.get("attention_transfer_mse"):  # this run's stage 1, or the one a resumed run's checkpoints carry
         final["attention_transfer_mse"] = state["attention_transfer_mse"]
     if recipe.data.held_out:

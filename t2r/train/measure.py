@@ -42,6 +42,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
 
     from .loop import micro_batches, packed_loader, step_loss
     from .model_setup import build_model, place_teacher
+    from .recipe import DistillSection
 
     if steps < 1:
         raise ValueError(f"--measure {steps}: give at least 1 timed step")
@@ -62,7 +63,8 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
         torch.cuda.reset_peak_memory_stats()
     batches = micro_batches(partial(packed_loader, recipe, load_tokenizer(recipe.model.source), "train"),
                             accelerator.device)
-    distill = recipe.stages.distill
+    distill = recipe.stages.distill if not recipe.staged else (
+        DistillSection() if any(s.loss.get("kl") for s in recipe.stages) else None)  # a kl stage: time KL alone
     times = []
     for batch in islice(batches, warmup + steps):
         if cuda:

@@ -55,7 +55,7 @@ def build_model(recipe, dtype: torch.dtype | None = None):
         if recipe.convert.init == "teacher":
             lookback = from_main_process(lambda: teacher_lookback(source, tokenizer, recipe.data.data_config(),
                                                                   length=min(512, recipe.data.seq_len)))
-        wants_teacher = recipe.stages.distill is not None or recipe.stages.attention_transfer is not None
+        wants_teacher = recipe.needs_teacher
         teacher_dtype = torch_dtype(recipe.model.dtype)
         # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
         # dtype would then share them (casting the teacher to another dtype gives it tensors of its own)

@@ -84,12 +84,15 @@ def memory_rows(recipe, counts: Counts, world_sizes=(1, 2, 4, 8)) -> list[dict]:
     train = recipe.train
     dtype_bytes = torch.tensor([], dtype=torch_dtype(recipe.model.dtype)).element_size()
     weight_bytes = 4 if train.mixed_precision != "no" else dtype_bytes
-    teacher = recipe.stages.distill is not None or recipe.stages.attention_transfer is not None
+    teacher = recipe.needs_teacher
     tokens = train.micro_batch_size * recipe.data.seq_len
+    distills = recipe.stages.distill is not None if not recipe.staged else any(s.loss.get("kl") for s in recipe.stages)
+    if recipe.staged:  # the largest micro-batch of any stage
+        tokens = max(s.micro_batch_size * s.seq_len for s in recipe.stages)
     d, f, layers, vocab = counts.hidden, counts.intermediate, counts.layers, counts.vocab
     full_layer = 2 * tokens * (16 * d + 3 * f)
     activations = (layers * 2 * tokens * d + full_layer) if train.gradient_checkpointing else layers * full_layer
-    activations += 14 * tokens * vocab + (10 * tokens * vocab if recipe.stages.distill is not None else 0)
+    activations += 14 * tokens * vocab + (10 * tokens * vocab if distills else 0)
     parts = {
         "weights": counts.total * weight_bytes,
         "gradients": counts.trainable * 4,

@@ -24,6 +24,7 @@ from t2r.layers import MIXERS, get_mixer
 from t2r.paths import check_model_spec, is_local
 
 from .fields import RecipeError, build, coerce, plain, suggest
+from .stages import check_stages, find_stage
 
 
 
@@ -153,6 +154,33 @@ class StagesSection:
 
 
 @dataclass
+class StageSection:
+    """One entry of a stage list (`t2r.train.stages`); a field left unset takes the `train:` (or `data:`) value."""
+
+    name: str  # unique: metrics rows, console lines and checkpoint names (step-N-<name>)
+    loss: str | dict = "next_token"  # next_token | kl | attention_mse, or a weighted mix {kl: 0.9, next_token: 0.1}
+    steps: int | None = None  # exactly one of steps / tokens (default: train.max_steps / train.max_tokens)
+    tokens: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
+    schedule: str | None = None
+    min_lr_ratio: float | None = None
+    trainable: str | None = None
+    seq_len: int | None = None  # default data.seq_len
+    micro_batch_size: int | None = None
+    temperature: float = 1.0  # of the kl loss
+    RULES: ClassVar[dict] = {
+        "name": {"nonempty": True}, "steps": {"min": 1}, "tokens": {"min": 1}, "lr": {"gt": 0},
+        "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "min_lr_ratio": {"min": 0, "max": 1},
+        "trainable": {"choices": TRAINABLE}, "seq_len": {"min": 2}, "micro_batch_size": {"min": 1},
+        "temperature": {"gt": 0},
+    }
+
+    def num_steps(self, tokens_per_step: int) -> int:
+        return self.steps if self.steps is not None else self.tokens // tokens_per_step
+
+
+@dataclass
 class CheckpointSection:
     dir: str = "runs/{name}"  # {name} is replaced by the recipe name
     every_steps: int = 500
@@ -176,7 +204,9 @@ class Recipe:
     data: DataSection
     train: TrainSection
     lora: LoraSection | None = None
-    stages: StagesSection = field(default_factory=StagesSection)
+    stages: StagesSection | list[StageSection] = field(default_factory=StagesSection)
+    """Either the fixed sections (attention_transfer before the main loop, distill in it) or a list of stages
+    run in order (`t2r.train.stages`)."""
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSettings | None = None
@@ -185,7 +215,21 @@ class Recipe:
     RULES: ClassVar[dict] = {"name": {"nonempty": True}}
 
     @property
+    def staged(self) -> bool:
+        """True for a list of stages."""
+        return isinstance(self.stages, list)
+
+    @property
+    def needs_teacher(self) -> bool:
+        """True when some stage compares against the unconverted source (kl, attention MSE)."""
+        if self.staged:
+            return any(set(stage.loss) & {"kl", "attention_mse"} for stage in self.stages)
+        return self.stages.distill is not None or self.stages.attention_transfer is not None
+
+    @property
     def total_steps(self) -> int:
+        if self.staged:
+            return sum(stage.num_steps(self.train.tokens_per_step) for stage in self.stages)
         return self.train.total_steps
 
     def grad_accum_steps(self, num_processes: int = 1) -> int:
@@ -213,9 +257,18 @@ def _installed(package: str) -> bool:
         return False
 
 
+def check_gates(recipe: Recipe, where: str) -> None:
+    """`trainable: gates` needs a target that adds gates (or a window, whose gain counts, even in retnet)."""
+    convert = recipe.convert
+    windowed = bool((convert.options or {}).get("window"))
+    if convert.target == "none" or not (get_mixer(convert.target).adds_parameters or windowed):
+        raise RecipeError(f"{where}: 'gates' trains the new gates, and target {convert.target!r} adds none; "
+                          f"use {where}=attention or all")
+
+
 def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     train, convert = recipe.train, recipe.convert
-    if (train.max_steps is None) == (train.max_tokens is None):
+    if (train.max_steps is None) == (train.max_tokens is None) and not (recipe.staged and train.max_steps is None):
         got = "both" if train.max_steps is not None else "neither"
         raise RecipeError(f"train.max_steps / train.max_tokens: set exactly one of them (got {got})")
     if train.max_tokens is not None and train.max_tokens < train.tokens_per_step:
@@ -234,14 +287,12 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     if convert.init == "teacher" and convert.target not in ("gla", "fox"):
         raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
                           "have (supported: gla, fox); use convert.init=default")
-    windowed = bool((convert.options or {}).get("window"))  # a window adds its gain, even to retnet
-    if train.trainable == "gates" and (convert.target == "none" or not (get_mixer(convert.target).adds_parameters
-                                                                        or windowed)):
-        raise RecipeError(f"train.trainable: 'gates' trains the new gates, and target {convert.target!r} adds none; "
-                          "use train.trainable=attention or all")
+    if train.trainable == "gates":
+        check_gates(recipe, "train.trainable")
     if convert.target == "none":
         for bad, what in ((convert.layers is not None, "convert.layers"), (bool(convert.options), "convert.options"),
-                          (recipe.stages.attention_transfer is not None, "stages.attention_transfer")):
+                          (not recipe.staged and recipe.stages.attention_transfer is not None,
+                           "stages.attention_transfer")):
             if bad:
                 raise RecipeError(f"{what}: needs converted layers, but convert.target is 'none' (baseline)")
     else:
@@ -262,6 +313,8 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
             spec.resolve_options(**convert.options)
         except (ValueError, TypeError) as err:
             raise RecipeError(f"convert.options: {err}") from None
+    if recipe.staged:
+        check_stages(recipe)
     for tracker in recipe.logging.trackers:  # accelerate would only warn, then log nothing
         if not any(map(_installed, TRACKER_PACKAGES[tracker])):
             raise RecipeError(f"logging.trackers: {tracker} is not installed (pip install {tracker}); or remove it: "
@@ -310,11 +363,16 @@ def apply_override(data: dict, override: str) -> None:
         value = text
     parts, node = key.split("."), data
     for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):  # a stage list: the part is a stage's name (stages.align.lr=1e-3) or index
+            node = node[find_stage(node, part, ".".join(parts[:i]))]
+            continue
         if node.get(part) is None:
             node[part] = {}
-        elif not isinstance(node[part], dict):
+        elif not isinstance(node[part], (dict, list)):
             raise RecipeError(f"{'.'.join(parts[:i + 1])}: is a value, not a section (override {override!r})")
         node = node[part]
+    if isinstance(node, list):
+        raise RecipeError(f"{key}: is a stage, not a field (override {override!r}; e.g. {key}.lr=1e-4)")
     node[parts[-1]] = value
 
 

@@ -5,7 +5,8 @@ On `--resume` the recipe given now is compared with the resolved recipe stored i
 in `MUTABLE` (how long to train, the learning-rate schedule from the next step on, clipping, how often
 to checkpoint and log, what to evaluate) are applied and recorded in the trainer state; a change to any
 other field (model, conversion, data, batch, seed, optimizer, stages, trainable parameters) would make
-the resumed run a different run, so it is refused with the list of differences.
+the resumed run a different run, so it is refused with the list of differences. A stage list
+(`t2r.train.stages`) may not change at all: its differences are listed stage by stage.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def compare(recipe, found: Path, log: Callable[[str], None] = print) -> list[dic
     CheckpointError listing the fields that may not change."""
     stored = yaml.safe_load((found / "recipe.yaml").read_text())
     current = yaml.safe_load(yaml.safe_dump(recipe.to_dict(), sort_keys=False))  # tuples as lists, like stored
+    check_stage_list(stored.get("stages"), current.get("stages"), found)
     changes = differences(stored, current)
     fixed = [c for c in changes if not is_mutable(c[0])]
     if fixed:
@@ -62,6 +64,27 @@ def compare(recipe, found: Path, log: Callable[[str], None] = print) -> list[dic
     for field, old, new in changes:
         log(f"--resume: {field} changed from {old!r} to {new!r}; applied from step {checkpoint.step_of(found) + 1}")
     return [{"field": f, "from": old, "to": new} for f, old, new in changes]
+
+
+def _by_name(stages) -> dict:
+    if not isinstance(stages, list):
+        return {"(stages as sections, not a list)": stages}
+    return {str(stage.get("name", i)): stage for i, stage in enumerate(stages)}
+
+
+def check_stage_list(stored, current, found: Path) -> None:
+    """A stage list (`t2r.train.stages`) is fixed for the whole run: any change to it, or between it and the
+    fixed sections, is refused, stage by stage."""
+    if stored == current or not (isinstance(stored, list) or isinstance(current, list)):
+        return
+    old, new = _by_name(stored), _by_name(current)
+    lines = [f"  stages.{key}: {a!r} -> {b!r}" for key, a, b in differences(old, new)]
+    if list(old) != list(new):
+        lines.insert(0, f"  stage order: {', '.join(old)} -> {', '.join(new)}")
+    raise CheckpointError(
+        f"--resume: the stage list differs from the one {found.name} was trained with:\n" + "\n".join(lines)
+        + "\na staged run keeps its stages (and the train/data values they took) from start to end: undo these "
+        "changes to resume, or start a new run (--overwrite, or another checkpoint.dir)")
 
 
 def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], None] = print):

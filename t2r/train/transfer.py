@@ -63,14 +63,7 @@ def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable
     if not params:
         raise ValueError("stages.attention_transfer: no trainable parameter in the converted attention layers "
                          "(train.trainable freezes them all, or params=gates on a mixer without gates)")
-    captured: dict[int, tuple[dict, torch.Tensor]] = {}
-
-    def capture(index):
-        def hook(module, args, kwargs, output):
-            captured[index] = ({**kwargs, "hidden_states": args[0] if args else kwargs["hidden_states"]}, output[0])
-        return hook
-
-    handles = [t.register_forward_hook(capture(i), with_kwargs=True) for i, _, t in pairs]
+    targets = AttentionTargets(student, teacher, pairs)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     losses = []
     try:
@@ -78,13 +71,7 @@ def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable
             with autocast():
                 with torch.no_grad():
                     teacher(**{k: v for k, v in batch.items() if k != "labels"})
-                loss = 0.0
-                for index, student_attention, _ in pairs:
-                    kwargs, target = captured[index]
-                    out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
-                                               **{k: kwargs[k] for k in _PASSED if k in kwargs})
-                    loss = loss + F.mse_loss(out.float(), target.float())
-                loss = loss / len(pairs)
+                loss = targets.mse()
                 loss.backward()
             if reduce_grads is not None:
                 for p in params:
@@ -96,6 +83,39 @@ def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable
             if on_step is not None:
                 on_step(len(losses), losses[-1])
     finally:
-        for handle in handles:
-            handle.remove()
+        targets.close()
     return losses
+
+
+class AttentionTargets:
+    """Forward hooks on the teacher's source attention layers: after each teacher forward, `mse()` is the
+    mean over converted layers of MSE(student_l(x_l), teacher_l(x_l)) on what the hooks kept (x_l, the
+    layer's input in the teacher, and its output). `close()` removes the hooks."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, pairs=None):
+        self.pairs = pairs if pairs is not None else layer_pairs(student, teacher)
+        if not self.pairs:
+            raise ValueError("attention_mse: the model has no converted layers")
+        self.captured: dict[int, tuple[dict, torch.Tensor]] = {}
+        self.handles = [t.register_forward_hook(self._capture(i), with_kwargs=True) for i, _, t in self.pairs]
+
+    def _capture(self, index: int):
+        def hook(module, args, kwargs, output):
+            self.captured[index] = ({**kwargs, "hidden_states": args[0] if args else kwargs["hidden_states"]},
+                                    output[0])
+        return hook
+
+    def mse(self) -> torch.Tensor:
+        loss = 0.0
+        for index, student_attention, _ in self.pairs:
+            kwargs, target = self.captured[index]
+            out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
+                                       **{k: kwargs[k] for k in _PASSED if k in kwargs})
+            loss = loss + F.mse_loss(out.float(), target.float())
+        self.captured.clear()
+        return loss / len(self.pairs)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
