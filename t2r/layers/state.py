@@ -108,7 +108,8 @@ class WindowedStateLayer(RecurrentStateLayer):
     def remember(self, new: dict[str, torch.Tensor]) -> None:
         """Add one call's tokens (fields `[B, T, ...]`): keep the last `window`, fill the sink slots."""
         recent = new if self.recent is None else {name: torch.cat([self.recent[name], t], 1) for name, t in new.items()}
-        self.recent = {name: t[:, -self.window:] for name, t in recent.items()}
+        # copies: a slice would keep the whole call's tensors (a long prompt's hidden states) alive
+        self.recent = {name: t[:, -self.window:].clone() for name, t in recent.items()}
         if not self.sinks:
             return
         if self.sink_slots is None:

@@ -89,7 +89,8 @@ def test_generation_memory_is_constant_and_reported(fixed_target):
             tensors += [t for buffers in (getattr(layer, "recent", None), getattr(layer, "sink_slots", None))
                         if buffers for t in buffers.values()]
             tensors += [getattr(layer, name, None) for name in ("keys", "values")]
-            total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+            # storage bytes, not view bytes: a ring that kept a slice of the prompt's tensors would show
+            total += sum(t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor))
         return total
 
     windowed_layers = [i for i, layer in enumerate(caches[1].layers) if isinstance(layer, WindowedStateLayer)]
