@@ -168,7 +168,7 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
     """
     if decode not in ("eager", "static"):
         raise ValueError(f"decode={decode!r}: choose eager (the model's own cache) or static (static buffers)")
-    from t2r.eval.static_bench import measure_static
+    from t2r.eval.static_bench import measure_static  # it imports this module's timing and byte counts
 
     measure = measure_static if decode == "static" else _measure
     device = next(model.parameters()).device

@@ -12,26 +12,7 @@ import statistics
 
 import torch
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_steps(step, device, count: int) -> list[float]:
-    import time
-
-    times = []
-    for _ in range(count):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _unique_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in {t.untyped_storage().data_ptr(): t for t in tensors}.values())
+from t2r.eval.bench import _timed, _unique_bytes
 
 
 @torch.inference_mode()
@@ -50,7 +31,7 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
         check_static_decodable(model)  # a clear error for hybrids, FoX and windowed layers
         decoder = StaticDecoder(model, batch)
         decoder.prefill(input_ids)  # warm-up: kernels compile on the first call
-        logits, prefill_s = _prefill(lambda: decoder.prefill(input_ids), device)
+        logits, prefill_s = _timed(lambda: decoder.prefill(input_ids), device)
         token = logits.argmax(-1, keepdim=True)
 
         def step():
@@ -63,8 +44,8 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
         cache = StaticCache(config=model.config, max_cache_len=context + warmup + steps + 1)
         model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm-up, as above
         cache.reset()
-        out, prefill_s = _prefill(lambda: model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1),
-                                  device)
+        out, prefill_s = _timed(lambda: model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1),
+                                device)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         position = torch.full((batch, 1), context, device=device)
         forward = torch.compile(model.__call__, mode="reduce-overhead") if device.type == "cuda" else model.__call__
@@ -77,20 +58,12 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
             token = logits[:, -1].argmax(-1, keepdim=True).clone()
             position.add_(1)
         state = lambda: _unique_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
-    _timed_steps(step, device, warmup)
-    times = _timed_steps(step, device, steps)
+    for _ in range(warmup):
+        step()
+    times = [_timed(step, device)[1] for _ in range(steps)]
     row.prefill_tokens_per_s = batch * context / prefill_s
     row.decode_ms_per_token = 1e3 * statistics.median(times)
     row.decode_tokens_per_s = batch * 1e3 / row.decode_ms_per_token
     row.cache_bytes = state()
     row.peak_memory_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
-
-def _prefill(fn, device):
-    import time
-
-    _sync(device)
-    start = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return result, time.perf_counter() - start

@@ -31,7 +31,7 @@ from . import checkpoint, logs
 from .errors import NonFiniteError
 from .export import save_final
 from .guard import NonFiniteGuard, weights_finite
-from .model_setup import build_model, place_teacher, trainable_parameters
+from .model_setup import build_model, from_main_process, place_teacher, trainable_parameters
 from .recipe import save_resolved
 from .resume import choose_start
 from .run_dir import RunLock
@@ -217,10 +217,10 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
     accelerator = _accelerator(recipe)
     with quiet_libraries():
-        on_main(accelerator, lambda: _check_data(recipe))  # before the model loads, and before the directory is made
+        from_main_process(lambda: _check_data(recipe))  # before the model loads, and before the directory is made
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
     try:
-        note = on_main(accelerator, lock.acquire if lock else None)
+        note = from_main_process(lock.acquire if lock else None)
         if note:
             accelerator.print(note)
         with quiet_libraries():
@@ -228,24 +228,6 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     finally:
         if lock is not None:
             lock.release()
-
-
-def on_main(accelerator, fn):
-    """`fn()` on the main process only; its result, or the error it raised, on every process (so that no
-    process waits forever for one that stopped)."""
-    result, error = None, None
-    if accelerator.is_main_process and fn is not None:
-        try:
-            result = fn()
-        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
-            error = err
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        result, error = broadcast_object_list([(result, error)])[0]
-    if error is not None:
-        raise error
-    return result
 
 
 def _accelerator(recipe):
@@ -272,7 +254,7 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dic
     from accelerate.utils import set_seed
 
     train, root = recipe.train, Path(recipe.checkpoint.dir)
-    found, changes = on_main(accelerator, lambda: choose_start(recipe, resume, overwrite, accelerator.print))
+    found, changes = from_main_process(lambda: choose_start(recipe, resume, overwrite, accelerator.print))
     if accelerator.is_main_process:
         save_resolved(recipe, root)
     total_steps, accum = recipe.total_steps, accelerator.gradient_accumulation_steps

@@ -38,8 +38,6 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
-    from t2r.sources import load_tokenizer
-
     from .loop import micro_batches, packed_loader, step_loss
     from .model_setup import build_model, place_teacher
     from .recipe import DistillSection
@@ -61,7 +59,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     model.train()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    batches = micro_batches(partial(packed_loader, recipe, load_tokenizer(recipe.model.source), "train"),
+    batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"),
                             accelerator.device)
     distill = recipe.stages.distill if not recipe.staged else (
         DistillSection() if any(s.loss.get("kl") for s in recipe.stages) else None)  # a kl stage: time KL alone

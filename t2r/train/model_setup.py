@@ -85,14 +85,25 @@ def loads_on_main_only() -> bool:
 
 
 def from_main_process(fn):
-    """`fn()` computed on the main process and sent to the others (a no-op without a process group)."""
+    """`fn()` on the main process only; its result, or the error it raised, on every process (so that no
+    process waits forever for one that stopped). Without a process group, simply `fn()`; `fn` may be None on
+    the other processes."""
     if not _distributed():
-        return fn()
+        return fn() if fn is not None else None
     import torch.distributed as dist
 
-    value = [fn() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(value, src=0)
-    return value[0]
+    result, error = None, None
+    if dist.get_rank() == 0 and fn is not None:
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
+            error = err
+    payload = [(result, error)]
+    dist.broadcast_object_list(payload, src=0)
+    result, error = payload[0]
+    if error is not None:
+        raise error
+    return result
 
 
 def place_teacher(teacher: nn.Module, device) -> nn.Module:
