@@ -3,7 +3,7 @@
     python benchmarks/bench_gsa.py                 # tables, writes benchmarks/results/gsa_<device>.md
     python benchmarks/bench_gsa.py --sweep         # also gradient-check and time candidate configs
     python benchmarks/bench_gsa.py --out DIR       # write the markdown under DIR instead
-    python benchmarks/bench_gsa.py --fla-chunk     # also time fla chunk_gsa (minutes of autotune)
+    python benchmarks/bench_gsa.py --fla-chunk     # also time fla chunk_gsa at the Mistral shape (minutes of autotune)
 
 bf16, median of triton.testing.do_bench (CUDA events). 64 slots, s = 1 - exp(g) with
 g = logsigmoid(x) / 8 (the GSA layer's parameterisation). "fwd+bwd" = forward plus backward
@@ -46,8 +46,9 @@ SWEEP = [  # overrides of tc.CONFIGS (D=128 pins; both launches of a per-chunk k
     {"fwd_o": (4, 2), "bwd_dp": (4, 2)},
     {"fwd_o": (4, 4), "bwd_dp": (4, 4)},
     {"bwd_dqk": (4, 2), "bwd_dvs": (4, 2)},
+    {"bwd_dqk": (4, 2)},
+    {"bwd_dvs": (4, 2)},
     {"bwd_dqk": (8, 1), "bwd_dvs": (8, 1)},
-    {"bwd_dqk": (8, 2), "bwd_dvs": (8, 2)},
 ]
 
 
@@ -166,7 +167,7 @@ def main():
         vs = torch.randn(B, H, T, D, device=DEV, dtype=DT, requires_grad=True)
         sf, sfb = fwd_and_fwdbwd(sdpa, (qs, ks, vs))
         fla_col = "-"
-        if fla_chunk_gsa is not None and args.fla_chunk:
+        if fla_chunk_gsa is not None and args.fla_chunk and name.startswith("Mistral"):
             try:
                 ff, ffb = fwd_and_fwdbwd(fla_chunk, a)
                 fla_col = f"{ff:.3f} / {ffb:.3f}"

@@ -5,9 +5,12 @@
     python benchmarks/bench_linear_ops.py --sweep    # also time (num_warps, num_stages) per kernel
 
 Forward and forward+backward medians from triton.testing.do_bench (CUDA events).
+Ops: retention (simple_gla), GLA, GSA (64 slots) and forgetting attention, all with GQA, against SDPA.
 Shapes: Mistral-7B layer (B=4, T=4096, HQ=32, H=8, D=128), SmolLM2-135M (B=32, T=2048, HQ=9,
-H=3, D=64), a T-scaling table at 128K tokens per batch (GSA included), and one decode step at batch 64.
-fla (if importable) runs without GQA (k, v, g repeated to HQ heads), as its chunk kernels need.
+H=3, D=64), a T-scaling table at 128K tokens per batch, and one decode step at batch 64.
+fla (if importable) runs chunk_gla / chunk_simple_gla without GQA (k, v, g repeated to HQ heads), as its
+chunk kernels need, and parallel_forgetting_attn with GQA; its chunk_gsa is in bench_gsa.py --fla-chunk
+(minutes of autotuning per shape).
 """
 import argparse
 import os
@@ -23,6 +26,7 @@ from t2r.ops.gla import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
 from t2r.ops.gla.triton_recurrent import (fused_recurrent_gla_triton,  # noqa: E402
                                           fused_recurrent_simple_gla_triton)
+from t2r.ops.fox.triton_parallel import parallel_forgetting_attention_triton  # noqa: E402
 from t2r.ops.gsa.triton_chunk import chunk_gsa_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
 
@@ -32,6 +36,10 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"fla not importable ({type(e).__name__}: {e}); fla columns skipped")
     fla_chunk_gla = fla_chunk_simple_gla = None
+try:
+    from fla.ops.forgetting_attn import parallel_forgetting_attn as fla_forgetting_attn
+except Exception:  # noqa: BLE001
+    fla_forgetting_attn = None
 
 DEV = "cuda"
 DT = torch.bfloat16
@@ -49,6 +57,17 @@ def inputs(B, T, HQ, H, D, scalar, heads_for_kv=None):
     gshape = (B, T, Hk) if scalar else (B, T, Hk, D)
     g = (F.logsigmoid(torch.randn(gshape, device=DEV)) / 16).to(DT)
     return [t.requires_grad_(True) for t in (q, k, v, g)]
+
+
+def gsa_gates(B, T, H, M=64):
+    """GSA's slot gates as its layer makes them: g = logsigmoid(x) / 8, s = 1 - exp(g)."""
+    g = F.logsigmoid(torch.randn(B, T, H, M, device=DEV)) / 8
+    return [t.to(DT).requires_grad_(True) for t in (-g.expm1(), g)]
+
+
+def fox_gates(B, T, HQ):
+    """Forgetting attention's log forget gates, one per query head, fp32 (as the layer and bench_fox.py)."""
+    return F.logsigmoid(torch.randn(B, T, HQ, device=DEV)).requires_grad_(True)
 
 
 def time_op(fn, args, do):
@@ -85,8 +104,19 @@ def row_set(B, T, HQ, H, D, with_fla=True):
     a = inputs(B, T, HQ, H, D, scalar=False)
     rows.append(("t2r gla (GQA)",) + time_op(lambda *x: chunk_gla_triton(*x), a, do))
     q, k, v, _ = a
+    s, gs = gsa_gates(B, T, H)
+    rows.append(("t2r gsa (GQA, 64 slots)",) + time_op(lambda *x: chunk_gsa_triton(*x), [q, k, v, s, gs], do))
+    g_fox = fox_gates(B, T, HQ)
+    rows.append(("t2r forgetting attention (GQA)",)
+                + time_op(lambda *x: parallel_forgetting_attention_triton(*x), [q, k, v, g_fox], do))
     rows.append(("SDPA causal flash (GQA)",) + time_op(sdpa_fn, [q, k, v], do))
-    del a, q, k, v
+    if with_fla and fla_forgetting_attn is not None:
+        try:
+            rows.append(("fla parallel_forgetting_attn (GQA)",)
+                        + time_op(lambda *x: fla_forgetting_attn(*x), [q, k, v, g_fox], do))
+        except Exception as e:  # noqa: BLE001
+            rows.append((f"fla parallel_forgetting_attn: {type(e).__name__}", float("nan"), float("nan"), 0.))
+    del a, q, k, v, s, gs, g_fox
     if with_fla and fla_chunk_gla is not None:
         a = inputs(B, T, HQ, H, D, scalar=False, heads_for_kv=HQ)
         try:
@@ -148,8 +178,7 @@ def scaling_table(tokens=131072, HQ=32, H=8, D=128):
         a = inputs(B, T, HQ, H, D, scalar=False)
         ms.append(time_op(lambda *x: chunk_gla_triton(*x), a, do)[1])
         q, k, v, g = a
-        gs = (F.logsigmoid(torch.randn(B, T, H, 64, device=DEV)) / 8)
-        sg = [t.detach().to(DT).requires_grad_(True) for t in (1 - gs.exp(), gs)]
+        sg = gsa_gates(B, T, H)
         ms.append(time_op(lambda q, k, v, s, g: chunk_gsa_triton(q, k, v, s, g), [q, k, v, *sg], do)[1])
         ms.append(time_op(sdpa_fn, [q, k, v], do)[1])
         lines.append(f"| {B} x {T // 1024}K | " + " | ".join(f"{t * 1024 / (B * T):.4f}" for t in ms) + " |")

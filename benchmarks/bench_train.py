@@ -1,22 +1,29 @@
 """Whole-model training throughput, converted vs original, side by side in one run.
 
-The same loop for every contender: fp32 master weights, bf16 autocast (on CUDA), fused AdamW, forward with
-labels, backward, step. A fixed number of tokens per step (`--tokens-per-step`) split into rows of `context`
+The same loop for every contender (`t2r.eval.train_bench.training_steps`, which `t2r bench --train` runs too):
+fp32 master weights, bf16 autocast (on CUDA), fused AdamW, forward with labels, backward, step. A fixed number of tokens per step (`--tokens-per-step`) split into rows of `context`
 tokens; `--warmup` steps (Triton compiles, allocator) before `--steps` timed ones. Random weights with the shape
 of a real model (speed does not depend on their values). Prints a table and writes it, with the device and the
 command, to benchmarks/results/train_<device>.md.
 
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 8192 16384
+    python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --modes eager compiled   # both, side by side
     python benchmarks/bench_train.py --shape tiny --contexts 64 --tokens-per-step 256 --steps 1   # CPU smoke test
+
+`--modes compiled` runs every model with regional compilation: each decoder layer through `torch.compile`
+(default mode, static shapes), one compiled graph that all layers share, since they run the same code. Inductor
+fuses the norms, rotary, activations and gate arithmetic around the attention op, which is most of what a small
+model's step spends on the host; the Triton ops stay opaque to it (`t2r/ops/backend.py`: one graph break per
+layer). The warm-up steps include compilation; the first one is checked against the same batch run eagerly
+(`torch.compiler.set_stance("force_eager")`), and the difference is printed with the graph-break count.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +31,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import t2r
+from t2r.eval.train_bench import training_steps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_generate import SHAPES as GENERATE_SHAPES  # noqa: E402
@@ -46,29 +54,22 @@ def contenders(source, targets, hybrid_every: int):
         yield f"gsa hybrid (1 in {hybrid_every} softmax)", lambda: t2r.convert(source, "gsa", layers=converted)
 
 
-def train_steps(model, context: int, tokens_per_step: int, warmup: int, steps: int, device) -> tuple[float, int, int]:
-    """(median ms per step, tokens per step, peak bytes) of the shared training loop."""
-    batch = max(1, tokens_per_step // context)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-    ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    times = []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        with autocast:
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-    return statistics.median(times), batch * context, peak
+def compile_layers(model) -> None:
+    """Regional compilation: every decoder layer through torch.compile, in place."""
+    for layer in model.model.layers:
+        layer.compile(dynamic=False)
+
+
+def check_against_eager(model, context: int):
+    """check_first for a compiled model: its first loss against the same batch run eagerly."""
+    def check(ids, loss):
+        autocast = torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda")
+        with torch.no_grad(), autocast, torch.compiler.set_stance("force_eager"):
+            eager = model(input_ids=ids, labels=ids, use_cache=False).loss.item()
+        print(f"  {context}: compiled loss {loss.item():.5f} vs eager {eager:.5f}", flush=True)
+        if not abs(loss.item() - eager) <= 1e-2:
+            raise RuntimeError(f"compiled loss {loss.item()} != eager loss {eager}")
+    return check
 
 
 def main() -> None:
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager"],
+                        help="run every model eagerly, with regional torch.compile, or both (rows side by side)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,22 +92,32 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     header = [f"Training step, {args.shape} shape (random weights), fp32 weights + bf16 autocast, fused AdamW, "
               f"{args.tokens_per_step} tokens per step, gradient checkpointing "
-              f"{'on' if args.gradient_checkpointing else 'off'}; device: {name}",
+              f"{'on' if args.gradient_checkpointing else 'off'}; "
+              f"device: {name}",
               f"torch {torch.__version__}, transformers {transformers.__version__}; median of {args.steps} steps "
-              f"after {args.warmup}", "",
+              f"after {args.warmup}; x source: against the source run the same way (eager or compiled)", "",
               "| model | " + " | ".join(f"{c // 1024}K tokens/s | x source | peak GiB" if c % 1024 == 0 else
                                     f"{c} tokens/s | x source | peak GiB" for c in args.contexts) + " |",
               "|---|" + "---|---|---|" * len(args.contexts)]
     rows, source_speed = [], {}
-    out = args.out or Path(__file__).parent / "results" / f"train_{name.replace(' ', '_')}.md"
+    out = args.out or Path(__file__).parent / "results" / (
+        f"train_{name.replace(' ', '_')}{'_compiled' if 'compiled' in args.modes else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
-    for label, build in contenders(source, args.targets, args.hybrid_every):
+    for label, build, mode in [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every)
+                               for mode in args.modes]:
+        compiled = mode == "compiled"
         model, cells = build(), []
+        if compiled and model is source:
+            model = copy.deepcopy(source)  # compiled in place: the conversions still start from the plain source
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if compiled:
+            compile_layers(model)
+            torch._dynamo.utils.counters.clear()
         for context in args.contexts:
             try:
-                ms, tokens, peak = train_steps(model, context, args.tokens_per_step, args.warmup, args.steps, device)
+                ms, tokens, peak = training_steps(model, context, args.tokens_per_step, args.warmup, args.steps,
+                                                  check_first=check_against_eager(model, context) if compiled else None)
             except torch.OutOfMemoryError:
                 cells.append("OOM | | ")
                 continue
@@ -112,11 +125,14 @@ def main() -> None:
                 gc.collect()
                 torch.cuda.empty_cache() if device.type == "cuda" else None
             speed = tokens / ms * 1e3
-            source_speed.setdefault(context, speed)
-            cells.append(f"{speed:,.0f} | {speed / source_speed[context]:.2f} | "
+            source_speed.setdefault((mode, context), speed)
+            cells.append(f"{speed:,.0f} | {speed / source_speed[mode, context]:.2f} | "
                          + (f"{peak / 2**30:.1f}" if peak else "-"))
-            print(f"{label} {context}: {ms:.1f} ms/step, {speed:,.0f} tokens/s", flush=True)
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+            print(f"{label}, {mode} {context}: {ms:.1f} ms/step, {speed:,.0f} tokens/s", flush=True)
+        if compiled:
+            breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+            print(f"{label}, compiled: {breaks} distinct graph breaks", flush=True)
+        rows.append(f"| {label}{', compiled' if compiled else ''} | " + " | ".join(cells) + " |")
         if model is not source:
             del model
         out.write_text("\n".join(header + rows) + "\n\nCommand: python " + " ".join(sys.argv) + "\n")

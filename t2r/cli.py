@@ -196,6 +196,13 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def _one_size(text: str) -> int:
+    sizes = _sizes(text)
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one size, e.g. 16K")
+    return sizes[0]
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -240,9 +247,10 @@ def add_eval_parsers(commands) -> None:
     evaluate.add_argument("--batch-sizes", type=_sizes, default=[1], help="bench batch sizes")
 
     bench = commands.add_parser(
-        "bench", help="prefill and decode speed and memory against context length, model vs baseline",
+        "bench", help="prefill, decode or training speed and memory against context length, model vs baseline",
         description="Prefill tokens/s, decode ms/token and tokens/s, cache and peak memory for every context and "
-                    "batch size; out-of-memory is reported as OOM and the sweep goes on.")
+                    "batch size; with --train, training tokens/s and peak memory for every context. Out-of-memory "
+                    "is reported as OOM and the sweep goes on.")
     add_model_argument(bench, "model to measure: directory, hub id, file.gguf or 'smollm2'")
     bench.add_argument("--baseline", default=None, help="default: the source of a converted model; 'none': no baseline")
     bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
@@ -252,6 +260,12 @@ def add_eval_parsers(commands) -> None:
                        help="eager: the model's own cache through its forward (what generate() does); static: "
                             "static buffers, a CUDA graph per step for converted fixed-state models and a compiled "
                             "StaticCache forward for sources (framework overhead removed)")
+    bench.add_argument("--train", action="store_true",
+                       help="time training steps instead (tokens/s and peak memory per context; fp32 weights with "
+                            "bf16 autocast on CUDA unless --dtype is given, AdamW over every parameter)")
+    bench.add_argument("--tokens-per-step", type=_one_size, default=None,
+                       help="--train: tokens per step, as rows of each context (default: the largest context)")
+    bench.add_argument("--steps", type=int, default=3, help="--train: timed steps per context, after one warm-up")
     bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")
 
 
@@ -457,6 +471,8 @@ def run_bench(args) -> int:
     from t2r.eval.suite import labels
 
     device = default_device(args.device)
+    if args.train:
+        return run_train_bench(args, device)
     dtype = eval_dtype(args.dtype, device)
     model, _, baseline, _, baseline_spec = load_pair(args.model, args.baseline, dtype, device)
     rows = []
@@ -476,6 +492,40 @@ def run_bench(args) -> int:
         try:
             paths = bench.plot(rows, out)
             print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, " + ", ".join(str(p) for p in paths))
+        except ImportError as err:
+            print(f"plots skipped: {err}")
+    return 0
+
+
+def run_train_bench(args, device: str) -> int:
+    """`t2r bench --train`: training tokens/s and peak memory, model and baseline side by side."""
+    from dataclasses import asdict
+
+    from t2r.eval import load_pair
+    from t2r.eval.suite import labels
+    from t2r.eval.train_bench import bench_training, format_train_table, plot_training
+
+    if args.steps < 1:
+        raise SystemExit(f"--steps {args.steps}: give at least 1 timed step")
+    tokens_per_step = args.tokens_per_step or max(args.contexts)
+    dtype = "float32" if args.dtype in (None, "auto") else args.dtype  # master weights, as finetune keeps them
+    model, _, baseline, _, _ = load_pair(args.model, args.baseline, dtype, device)
+    names = labels(model, baseline)
+    rows = []
+    for name, m in zip(names, (model, baseline)):
+        if m is not None:
+            rows += bench_training(m, name, args.contexts, tokens_per_step, steps=args.steps)
+    precision = f"{dtype} weights" + (", bf16 autocast" if device.startswith("cuda") else "")
+    title = f"{device}, {precision}, {tokens_per_step} tokens per step, training"
+    table = format_train_table(rows, reference=names[1])
+    print(f"{title}\n{table}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {title}\n\n{table}\n")
+        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        try:
+            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {plot_training(rows, out)}")
         except ImportError as err:
             print(f"plots skipped: {err}")
     return 0

@@ -9,6 +9,11 @@ The environment variable ``T2R_OPS_BACKEND`` overrides the automatic choice:
   dots in tf32, and through a whole converted model that gave weight gradients 2e-2 away from the
   fp32 PyTorch forms on an H100 (exact fp32 through the CPU interpreter agrees to 1e-6), so fp32
   stays the exact path. Force ``triton`` to run the kernels in fp32 anyway.
+
+Under ``torch.compile`` the Triton entry points stay opaque (``torch.compiler.disable``): the code around
+them compiles (inductor fuses the norms, rotary, gate arithmetic and casts of a layer) and the kernels
+launch as they are, at one graph break per attention layer. ``benchmarks/bench_train.py --modes compiled``
+measures it with regional compilation (each decoder layer compiled once, shared by all layers).
 """
 import functools
 import os
@@ -53,5 +58,5 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     if choice != "auto":
         return choice == "triton"
     on_cuda = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
-    half = bool(tensors) and tensors[0].dtype in (torch.bfloat16, torch.float16)
+    half = len(tensors) > 0 and tensors[0].dtype in (torch.bfloat16, torch.float16)  # bool(tuple) breaks torch.compile's graph
     return half and on_cuda and _triton_importable()

@@ -67,3 +67,23 @@ def test_bench_prints_both_models(converted, tmp_path, capsys):
     assert "gsa prefill tok/s" in printed and "source prefill tok/s" in printed
     rows = json.loads((tmp_path / "bench.json").read_text())
     assert {(r["model"], r["context"]) for r in rows} == {(m, c) for m in ("gsa", "source") for c in (16, 32)}
+
+
+def test_bench_train_prints_both_models(converted, tmp_path, capsys):
+    _, model = converted
+    assert main(["bench", "--model", str(model), "--train", "--contexts", "16,32", "--tokens-per-step", "64",
+                 "--steps", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "64 tokens per step, training" in printed and "| x source |" in printed
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert [(r["model"], r["context"], r["batch"], r["status"]) for r in rows] == [
+        ("gsa", 16, 4, "ok"), ("gsa", 32, 2, "ok"), ("source", 16, 4, "ok"), ("source", 32, 2, "ok")]
+    assert all(r["tokens_per_s"] > 0 and r["step_ms"] > 0 for r in rows)
+    assert (tmp_path / "train_vs_context.png").stat().st_size > 0
+
+
+def test_bench_train_refuses_a_list_of_step_sizes(converted, capsys):
+    _, model = converted
+    with pytest.raises(SystemExit):
+        main(["bench", "--model", str(model), "--train", "--tokens-per-step", "16,32"])
+    assert "give one size" in capsys.readouterr().err

@@ -266,6 +266,7 @@ def supports(q, k, v, g, cu_seqlens=None, attention_mask=None) -> bool:
     return True
 
 
+@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def parallel_forgetting_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,

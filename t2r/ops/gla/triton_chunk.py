@@ -186,6 +186,7 @@ class _ChunkLinearAttnFunction(torch.autograd.Function):
         return dq, dk, dv, dg, None, dh0, None, None, None, None
 
 
+@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def chunk_linear_attn_triton(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
                              cu_seqlens=None, scalar=False, chunk_size=BT_DEFAULT, sub_block=16):
     """Shared entry of chunk_gla_triton (scalar=False, g [B,T,H,K]) and

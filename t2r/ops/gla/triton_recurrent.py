@@ -60,6 +60,7 @@ def _recurrent_fwd_kernel(
         tl.store(ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_h)
 
 
+@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def _recurrent(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, scalar):
     B, T, HQ, K = q.shape
     H, V = v.shape[2], v.shape[3]

@@ -67,15 +67,16 @@ COLUMNS = 64  # output columns per step in _fwd_o (o) and _bwd_dp (dq): halves t
 
 # kernel -> (num_warps, num_stages); the benchmark may override, the GPU tests check these. With
 # the one-anchor kernels on their own (no sub-block body capping their registers) the per-chunk
-# kernels gained from a third stage (fwd_o, dp) and from 4 warps (dqk, dvs): 2.11 -> 1.98 ms
-# fwd+bwd at the Mistral shape on the H100 (benchmarks/README.md).
+# kernels gained from a third stage (fwd_o, dp) and from 4 warps and 2 stages (dqk, dvs): 2.11 ->
+# 1.91-1.93 ms fwd+bwd at the Mistral shape on the H100 (benchmarks/results/gsa_h100_split_2026-11-24.md,
+# linear_ops_H100_quick_2026-11-25.md, with the GPU gradient checks of these pins).
 CONFIGS = {
     "fwd_h": (4, 3),
     "fwd_o": (4, 3),
     "bwd_dp": (4, 3),
     "bwd_dh": (4, 3),
-    "bwd_dqk": (4, 1),
-    "bwd_dvs": (4, 1),
+    "bwd_dqk": (4, 2),
+    "bwd_dvs": (4, 2),
 }
 
 # Head dims up to 64 (SmolLM2) keep the per-chunk pins from before: the ones above were timed at
@@ -264,6 +265,7 @@ class ChunkGSAFunction(torch.autograd.Function):
         return dq, dk, dv, ds, dg, None, dh0k, dh0v, None, None
 
 
+@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def chunk_gsa_triton(
     q: torch.Tensor,
     k: torch.Tensor,

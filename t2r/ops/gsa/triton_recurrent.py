@@ -64,6 +64,7 @@ def _fused_recurrent_gsa_kernel(
         tl.store(htv + i_nh * M * V + o_m[:, None] * V + o_v[None, :], b_hv, mask=m_mv)
 
 
+@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def fused_recurrent_gsa_triton(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -1,0 +1,151 @@
+"""Training throughput of causal LMs (a converted model and its source) over a sweep of contexts.
+
+One loop for every model, as `t2r finetune` trains under mixed precision: fp32 weights, bf16 autocast on CUDA
+(fp32 on CPU), AdamW over every parameter (fused on CUDA), forward with labels, backward, step. Each context
+runs `tokens_per_step` tokens per step as rows of `context` tokens, so the rows of a sweep do the same work
+per step and tokens/s compare across contexts. Random ids (speed does not depend on their values). The
+median step after `warmup` steps (Triton compiles, allocator) gives tokens/s; peak memory is CUDA's
+`max_memory_allocated` (weights, gradients and optimizer states included) or, on CPU, the growth of resident
+memory over the measured steps.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from t2r.eval.bench import MiB, _is_oom, _PeakRSS
+
+
+@dataclass
+class TrainRow:
+    """One (model, context) cell of a training sweep; the measurements are None unless `status` is "ok"."""
+
+    model: str
+    context: int
+    batch: int
+    """Rows of `context` tokens per step: tokens_per_step // context (at least 1)."""
+    tokens_per_s: float | None = None
+    step_ms: float | None = None
+    """Median milliseconds of one optimizer step (forward, backward, update)."""
+    peak_memory_bytes: int | None = None
+    status: str = "ok"
+    """"ok" | "OOM" | "error: <message>"."""
+
+
+def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, steps: int = 3, seed: int = 0,
+                   check_first: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+                   ) -> tuple[float, int, int | None]:
+    """(median ms per step, tokens per step, peak bytes or None) of `warmup + steps` training steps on random
+    ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself there).
+    The model's parameters are updated: time a copy if the weights matter afterwards."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps={steps}, warmup={warmup}: need at least one timed step and no negative warm-up")
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    batch = max(1, tokens_per_step // context)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=cuda)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+    times = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with _PeakRSS(enabled=not cuda) as rss:
+            for i in range(warmup + steps):
+                if cuda:
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                with autocast:
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                if i == 0 and check_first is not None:
+                    check_first(ids, loss)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if cuda:
+                    torch.cuda.synchronize(device)
+                if i >= warmup:
+                    times.append((time.perf_counter() - start) * 1e3)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        del optimizer  # its states hold twice the trainable weights
+        model.eval()
+    peak = torch.cuda.max_memory_allocated(device) if cuda else rss.peak
+    return statistics.median(times), batch * context, peak
+
+
+def bench_training(model, label: str, contexts, tokens_per_step: int | None = None, warmup: int = 1,
+                   steps: int = 3, seed: int = 0) -> list[TrainRow]:
+    """Training tokens/s, step time and peak memory at each context (`training_steps`); `tokens_per_step`
+    defaults to the largest context (one row there). An OOM or error gives a row with that status and the
+    sweep goes on. The model's weights change: measure models loaded for the purpose."""
+    tokens_per_step = tokens_per_step or max(contexts)
+    device = next(model.parameters()).device
+    rows = []
+    for context in tqdm(contexts, desc=f"train bench {label}", disable=None):
+        row = TrainRow(label, int(context), max(1, tokens_per_step // context))
+        rows.append(row)
+        try:
+            row.step_ms, tokens, row.peak_memory_bytes = training_steps(model, context, tokens_per_step, warmup,
+                                                                        steps, seed)
+            row.tokens_per_s = tokens / row.step_ms * 1e3
+        except Exception as error:  # one failing cell must not end the sweep
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            rows[-1] = TrainRow(label, row.context, row.batch,
+                                status="OOM" if _is_oom(error) else f"error: {type(error).__name__}: {first_line[:100]}")
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def format_train_table(rows: list[TrainRow], reference: str | None = None) -> str:
+    """Markdown table, one line per (model, context): tokens/s, step ms, peak MiB and, with `reference` (a
+    model label, e.g. the source's), each row's tokens/s over the reference's at the same context."""
+    base = {r.context: r.tokens_per_s for r in rows if r.model == reference and r.status == "ok"}
+    ratio_header = [f"x {reference}"] if reference else []
+    header = ["model", "context", "batch", "tokens/s", *ratio_header, "step ms", "peak MiB"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        if row.status != "ok":
+            values = [row.status] + ["-"] * (len(header) - 4)
+        else:
+            ratio = [f"{row.tokens_per_s / base[row.context]:.2f}" if row.context in base else "-"] if reference else []
+            peak = "n/a" if row.peak_memory_bytes is None else f"{row.peak_memory_bytes / MiB:,.0f}"
+            values = [f"{row.tokens_per_s:,.0f}", *ratio, f"{row.step_ms:,.1f}", peak]
+        lines.append("| " + " | ".join([row.model, str(row.context), str(row.batch), *values]) + " |")
+    return "\n".join(lines)
+
+
+def plot_training(rows: list[TrainRow], out_dir) -> Path:
+    """Write train_vs_context.png (training tokens/s and peak MiB against context, one line per model)."""
+    from matplotlib.figure import Figure
+
+    ok = [r for r in rows if r.status == "ok"]
+    fig = Figure(figsize=(12, 4), layout="constrained")
+    for ax, (attr, scale, ylabel) in zip(fig.subplots(1, 2), (("tokens_per_s", 1, "training tokens/s"),
+                                                             ("peak_memory_bytes", MiB, "peak MiB"))):
+        for m, model in enumerate(dict.fromkeys(r.model for r in ok)):
+            points = sorted((r.context, getattr(r, attr) / scale) for r in ok
+                            if r.model == model and getattr(r, attr) is not None)
+            if points:
+                ax.plot(*zip(*points), marker="o", color=f"C{m % 10}", label=model)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="context (tokens)", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    path = Path(out_dir) / "train_vs_context.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
