@@ -5,8 +5,10 @@ One loop for every model, as `t2r finetune` trains under mixed precision: fp32 w
 runs `tokens_per_step` tokens per step as rows of `context` tokens, so the rows of a sweep do the same work
 per step and tokens/s compare across contexts. Random ids (speed does not depend on their values). The
 median step after `warmup` steps (Triton compiles, allocator) gives tokens/s; peak memory is CUDA's
-`max_memory_allocated` (weights, gradients and optimizer states included) or, on CPU, the growth of resident
-memory over the measured steps.
+`max_memory_allocated` (weights, gradients and optimizer states included). On CPU it is not reported: the
+growth of resident memory counts the optimizer states in the first cell of a process and the allocator's
+reuse in the next ones (measured: 5.6 GiB for the first cell, 0.5 GiB for the same work later), so
+cells would not compare; `benchmarks/cpu_memory.py` measures each model in a process of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from t2r.eval.bench import MiB, _is_oom, _PeakRSS
+from t2r.eval.bench import MiB, _is_oom
 
 
 @dataclass
@@ -43,8 +45,8 @@ class TrainRow:
 def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, steps: int = 3, seed: int = 0,
                    check_first: Callable[[torch.Tensor, torch.Tensor], None] | None = None
                    ) -> tuple[float, int, int | None]:
-    """(median ms per step, tokens per step, peak bytes or None) of `warmup + steps` training steps on random
-    ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself there).
+    """(median ms per step, tokens per step, CUDA peak bytes or None on CPU) of `warmup + steps` training
+    steps on random ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself there).
     The model's parameters are updated: time a copy if the weights matter afterwards."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps}, warmup={warmup}: need at least one timed step and no negative warm-up")
@@ -61,27 +63,26 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        with _PeakRSS(enabled=not cuda) as rss:
-            for i in range(warmup + steps):
-                if cuda:
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                with autocast:
-                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                if i == 0 and check_first is not None:
-                    check_first(ids, loss)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if cuda:
-                    torch.cuda.synchronize(device)
-                if i >= warmup:
-                    times.append((time.perf_counter() - start) * 1e3)
+        for i in range(warmup + steps):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            with autocast:
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            if i == 0 and check_first is not None:
+                check_first(ids, loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1e3)
     finally:
         optimizer.zero_grad(set_to_none=True)
         del optimizer  # its states hold twice the trainable weights
         model.eval()
-    peak = torch.cuda.max_memory_allocated(device) if cuda else rss.peak
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
     return statistics.median(times), batch * context, peak
 
 

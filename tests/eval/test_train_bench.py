@@ -22,7 +22,7 @@ def test_steps_train_every_parameter_and_see_the_batch():
     seen = []
     ms, tokens, peak = training_steps(model, context=24, tokens_per_step=50, warmup=1, steps=2,
                                       check_first=lambda ids, loss: seen.append((ids.shape, loss.item())))
-    assert tokens == 2 * 24 and ms > 0 and (peak is None or peak >= 0)
+    assert tokens == 2 * 24 and ms > 0 and peak is None  # CPU: not reported (see the module)
     assert len(seen) == 1 and seen[0][0] == (2, 24) and seen[0][1] > 0
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []  # three AdamW steps move every weight, the new gates included
