@@ -1,0 +1,36 @@
+"""`t2r`: parse the command line and run the command, turning expected failures into messages and exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+from t2r.cli.cache import run_cache
+from t2r.cli.convert import run_convert, run_rank_layers
+from t2r.cli.evaluate import run_bench, run_eval
+from t2r.cli.generate import run_generate
+from t2r.cli.parser import build_parser
+from t2r.cli.train import run_finetune, run_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
+                "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers}
+    try:
+        if args.command == "cache":
+            return run_cache(args)
+        from t2r.outputs import quiet_libraries
+
+        with quiet_libraries():  # one progress bar per long step of ours, none of the libraries' per-load bars
+            return handlers[args.command](args)
+    except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
+        print(f"t2r {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        from t2r.train.errors import RunError
+
+        if not isinstance(err, RunError):
+            raise
+        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss
+        print(f"t2r {args.command}: error: {err}", file=sys.stderr)
+        return 1

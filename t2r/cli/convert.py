@@ -1,0 +1,138 @@
+"""`t2r convert` and `t2r rank-layers`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from t2r.cli.common import default_device, dtype_arg
+from t2r.cli.parser import mixer_registry
+from t2r.paths import check_model_spec, offline_if_unreachable
+
+
+CONVERSION_FILE = "t2r_conversion.json"
+"""Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""
+
+
+CPU_RECIPE = "recipes/smollm2-gsa-cpu.yaml"
+
+
+def run_convert(args) -> int:
+    check_model_spec(args.model)  # a missing local path: named at once, before torch loads
+    check_output_dir(args.out, args.model, args.overwrite)
+    offline_if_unreachable(args.model)
+    from t2r.convert import conversion_report, convert
+    from t2r.sources import load_source
+
+    source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
+    options = {name: getattr(args, name) for name in mixer_registry().option_names()
+               if getattr(args, name) is not None}
+    out = Path(args.out)
+    tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
+    shutil.rmtree(tmp, ignore_errors=True)
+    layers = calibrated_layers(args, source, tokenizer, options, tmp / "layer_ranking")
+    lookback = None
+    if args.init == "teacher":
+        from t2r.data.config import DataConfig
+        from t2r.eval.lookback import teacher_lookback
+
+        lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.data) if args.data else None,
+                                    args.calibration_rows, args.calibration_length)
+    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, copy=False, **options)
+    print(conversion_report(source, model))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / CONVERSION_FILE).write_text(json.dumps(
+        {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
+         "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    print(f"saved to {out}")
+    note = fresh_conversion_note(out)
+    if note:
+        print(note)
+    return 0
+
+
+def calibrated_layers(args, source, tokenizer, options: dict, out_dir: Path):
+    """`args.layers`, or for `auto:N` the layers left after ranking (`t2r.eval.sensitivity`)."""
+    from t2r.eval.sensitivity import auto_softmax_count, resolve_layers
+
+    if auto_softmax_count(args.layers) is None:
+        return args.layers
+    from t2r.data.config import DataConfig
+
+    data = DataConfig(path=args.data) if args.data else None
+    layers = resolve_layers(args.layers, source, tokenizer, args.target, data=data, rows=args.calibration_rows,
+                            length=args.calibration_length, out_dir=out_dir, **options)
+    print(f"{args.layers}: converting layers {layers}; ranking in {out_dir.name}/")
+    return layers
+
+
+def run_rank_layers(args) -> int:
+    check_model_spec(args.model)
+    offline_if_unreachable(args.model)
+    from t2r.data.config import DataConfig
+    from t2r.eval.sensitivity import calibration_rows, rank_layers
+    from t2r.sources import load_source
+
+    source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
+    options = {name: getattr(args, name) for name in mixer_registry().option_names()
+               if getattr(args, name) is not None}
+    ids = calibration_rows(tokenizer, DataConfig(path=args.data) if args.data else None,
+                           args.calibration_rows, args.calibration_length)
+    ranking = rank_layers(source, args.target, ids, **options)
+    path = ranking.write(args.out, args.keep)
+    print(ranking.table())
+    if args.keep:
+        print(f"keep as softmax: {ranking.most_sensitive(args.keep)}; convert: {ranking.converted_layers(args.keep)}")
+    print(f"written to {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+def fresh_conversion_note(directory) -> str | None:
+    """What to know about a model directory that `t2r convert` wrote (its CONVERSION_FILE) and no finetuning
+    has written over (`t2r finetune` saves its recipe.yaml next to the weights); None for any other model."""
+    path = Path(directory).expanduser()
+    if not path.is_dir() or not (path / CONVERSION_FILE).is_file() or (path / "recipe.yaml").is_file():
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    mixers = sorted(set(config.get("t2r_mixers") or []) - {"softmax"})
+    if not mixers:
+        return None
+    finetune = (f"t2r finetune --config {CPU_RECIPE} {shlex.quote(f'model.source={directory}')} convert.target=none "
+                "convert.options={}")
+    fox_as_source = mixers == ["fox"] and (config.get("t2r_options") or {}).get("fox", {}).get("rope", True)
+    if fox_as_source:
+        state = ("note: this model is freshly converted to FoX and untrained: its forget gates start open, so it "
+                 "writes like the source model until finetuning teaches them to forget.")
+    else:
+        state = (f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: its new layers do not "
+                 "compute softmax attention yet, so its text is nonsense until it is finetuned.")
+    return (f"{state} Finetune it (the recipe's model.source is the converted directory; convert.target=none "
+            f"trains it as it is) with:\n  {finetune}")
+
+
+def check_output_dir(out: str, model: str, overwrite: bool) -> None:
+    """ValueError unless `out` may receive a converted model: not a file, not the source model's directory,
+    and (unless `overwrite`, which replaces the directory) empty or absent."""
+    path = Path(out).expanduser()
+    if path.is_file():
+        raise ValueError(f"--out {out!r} is a file; give a directory for the converted model")
+    source = Path(model).expanduser()
+    source_dir = source.parent if source.is_file() else source
+    if source_dir.exists() and path.exists() and path.resolve() == source_dir.resolve():
+        raise ValueError(f"--out {out!r} is the source model's directory: converting into it would overwrite the "
+                         "model being converted; choose another --out")
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if held and not overwrite:
+        raise ValueError(f"--out {out!r} is not empty ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}); "
+                         "pass --overwrite to replace the directory, or choose another --out")

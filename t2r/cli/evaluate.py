@@ -1,0 +1,114 @@
+"""`t2r eval` and `t2r bench` (inference and, with --train, training)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from t2r.cli.common import default_device
+from t2r.paths import check_model_spec, offline_if_unreachable
+
+
+def eval_settings(args):
+    from t2r.eval import EvalSettings
+
+    suites = args.suite if args.suite is not None else ([] if args.tasks else ["ppl", "mqar", "passkey"])
+    return EvalSettings(
+        baseline=args.baseline, suites=suites, tasks=args.tasks, limit=args.limit, data=args.data, text_field=args.text_field,
+        ppl_length=args.ppl_length[0], ppl_rows=args.ppl_rows, pack=args.pack, windows=args.windows, sinks=args.sinks,
+        mqar_pairs=args.mqar_pairs, passkey_lengths=args.passkey_lengths, passkey_depths=args.passkey_depths,
+        lm_eval_max_length=args.max_length, bench_contexts=args.contexts, bench_batch_sizes=args.batch_sizes,
+        batch_size=args.batch_size, seed=args.seed, device=args.device, dtype=args.dtype)
+
+
+def run_eval(args) -> int:
+    check_model_spec(args.model)
+    check_model_spec(args.baseline)
+    offline_if_unreachable(args.model, args.baseline)
+    from t2r.eval import evaluate, load_pair, write_report
+    from t2r.eval.models import eval_dtype
+
+    settings = eval_settings(args)
+    settings.harness_specs()  # unknown task or suite: fail before loading anything
+    device = default_device(args.device)
+    settings.dtype = eval_dtype(args.dtype, device)
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(args.model, settings.baseline,
+                                                                              settings.dtype, device)
+    results = evaluate(model, tokenizer, settings, args.out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
+                       model_spec=args.model, baseline_spec=baseline_spec, command=" ".join(["t2r", *sys.argv[1:]]))
+    report = write_report(results, args.out)
+    print(report.read_text(), end="")
+    print(f"report written to {report} (every number in {report.parent / 'results.json'})")
+    return 0
+
+
+def run_bench(args) -> int:
+    from dataclasses import asdict
+
+    check_model_spec(args.model)
+    check_model_spec(args.baseline)
+    offline_if_unreachable(args.model, args.baseline)
+    from t2r.eval import bench, load_pair
+    from t2r.eval.models import eval_dtype
+    from t2r.eval.suite import labels
+
+    device = default_device(args.device)
+    if args.train:
+        return run_train_bench(args, device)
+    dtype = eval_dtype(args.dtype, device)
+    model, _, baseline, _, baseline_spec = load_pair(args.model, args.baseline, dtype, device)
+    rows = []
+    for name, m in zip(labels(model, baseline), (model, baseline)):
+        if m is not None:
+            rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens,
+                                      allow_beyond=True,  # speed and memory, whatever the quality there
+                                      decode=args.decode)
+    table = bench.format_table(rows)
+    print(f"{device}, {dtype}, {args.decode} decode\n{table}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}, {args.decode} decode"
+                                      f"\n\n{table}\n")
+        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        try:
+            paths = bench.plot(rows, out)
+            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, " + ", ".join(str(p) for p in paths))
+        except ImportError as err:
+            print(f"plots skipped: {err}")
+    return 0
+
+
+def run_train_bench(args, device: str) -> int:
+    """`t2r bench --train`: training tokens/s and peak memory, model and baseline side by side."""
+    from dataclasses import asdict
+
+    from t2r.eval import load_pair
+    from t2r.eval.suite import labels
+    from t2r.eval.train_bench import bench_training, format_train_table, plot_training
+
+    if args.steps < 1:
+        raise SystemExit(f"--steps {args.steps}: give at least 1 timed step")
+    tokens_per_step = args.tokens_per_step or max(args.contexts)
+    dtype = "float32" if args.dtype in (None, "auto") else args.dtype  # master weights, as finetune keeps them
+    model, _, baseline, _, _ = load_pair(args.model, args.baseline, dtype, device)
+    names = labels(model, baseline)
+    rows = []
+    for name, m in zip(names, (model, baseline)):
+        if m is not None:
+            rows += bench_training(m, name, args.contexts, tokens_per_step, steps=args.steps)
+    precision = f"{dtype} weights" + (", bf16 autocast" if device.startswith("cuda") else "")
+    title = f"{device}, {precision}, {tokens_per_step} tokens per step, training"
+    table = format_train_table(rows, reference=names[1])
+    print(f"{title}\n{table}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {title}\n\n{table}\n")
+        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        try:
+            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {plot_training(rows, out)}")
+        except ImportError as err:
+            print(f"plots skipped: {err}")
+    return 0

@@ -1,0 +1,256 @@
+"""The `t2r` argument parser: every command, its flags and their parsing.
+
+Imports nothing heavy: `t2r --help`, `t2r <command> --help`, `--version` and argument errors answer at once."""
+
+from __future__ import annotations
+
+import argparse
+
+from t2r.dtypes import DTYPE_NAMES
+
+
+DTYPES = ("auto", *DTYPE_NAMES)
+"""--dtype names; `auto` keeps the checkpoint's dtype (float32 for a GGUF)."""
+
+
+def mixer_registry():
+    """`t2r.layers.registry` (targets and their options): no torch, so building the parser stays instant."""
+    from t2r.layers import registry
+
+    return registry
+
+
+def _text(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def option_default(registry, name: str) -> str:
+    """`default 64 (gsa)`, or per target: `default: false for gsa, gla, retnet; true for fox` (targets without
+    the option are left out)."""
+    per_target: dict[str, list[str]] = {}
+    for spec in registry.MIXERS.values():
+        if name in spec.options.field_names():
+            per_target.setdefault(_text(getattr(spec.options(), name)), []).append(spec.name)
+    targets = [t for ts in per_target.values() for t in ts]
+    if len(per_target) == 1:
+        value = next(iter(per_target))
+        return f"default {value}" if len(targets) == len(registry.MIXERS) else f"{', '.join(targets)}; default {value}"
+    return "default: " + "; ".join(f"{value} for {', '.join(ts)}" for value, ts in per_target.items())
+
+
+def add_mixer_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per option of any registered mixer (`--num-slots`, `--rope`, ...), unset unless given; help
+    and defaults come from the options dataclasses."""
+    from t2r.layers.options import FEATURE_MAPS
+
+    registry = mixer_registry()
+    for name in registry.option_names():
+        field = registry.option_field(name)
+        kind = str(field.type)
+        kwargs = ({"choices": FEATURE_MAPS} if name == "feature_map" else
+                  {"type": _bool, "metavar": "true|false"} if "bool" in kind else
+                  {"type": int} if "int" in kind else {"type": float} if "float" in kind else {})
+        parser.add_argument(f"--{name.replace('_', '-')}", default=None,
+                            help=f"{field.metadata.get('help', name)} ({option_default(registry, name)})", **kwargs)
+
+
+def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None,
+                        help="text to measure the source on, for --layers auto:N and --init teacher (file, directory "
+                             "or hub dataset; default: generated long documents); use text like the finetuning data")
+    parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
+    parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version as installed
+        return installed("t2r")
+    except PackageNotFoundError:
+        import t2r
+
+        return t2r.__version__
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--model", default="smollm2", help=help_text)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="t2r", description="Turn pretrained Transformers into linear-time RNNs.")
+    parser.add_argument("--version", action="version", version=f"t2r {version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="swap softmax attention for a recurrent mixer and save the model")
+    add_model_argument(convert, "hub id, local directory, file.gguf, or 'smollm2' (built-in default)")
+    convert.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
+    convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
+    convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
+    convert.add_argument("--layers", default=None,
+                         help="layers to convert, e.g. '0-11,15' (default: all); 'auto:N' keeps the N layers most "
+                              "sensitive to conversion as softmax (ranked as by rank-layers; ranking in --out)")
+    convert.add_argument("--init", choices=("default", "teacher"), default="default",
+                         help="teacher: start each new forget gate at the decay matching how far back the source's "
+                              "attention head looks on the --data text (gla, fox)")
+    add_calibration_arguments(convert)
+    add_mixer_options(convert)
+
+    rank = commands.add_parser(
+        "rank-layers", help="rank layers by their sensitivity to conversion (for hybrids: keep the top N softmax)",
+        description="Convert one layer at a time and measure KL(source || converted) per token on sample text; "
+                    "writes ranking.json and ranking.png to --out. 'convert --layers auto:N' uses the same ranking.")
+    add_model_argument(rank, "source model: hub id, local directory, file.gguf or 'smollm2'")
+    rank.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
+    rank.add_argument("--out", required=True, help="directory for ranking.json and ranking.png")
+    rank.add_argument("--keep", type=int, default=None, help="highlight the N most sensitive layers (kept softmax)")
+    add_calibration_arguments(rank)
+    add_mixer_options(rank)
+
+    finetune = commands.add_parser(
+        "finetune", help="finetune a converted model from a recipe",
+        description="Train from a YAML recipe (see recipes/); any field can be overridden as section.field=value.")
+    finetune.add_argument("--config", required=True, help="recipe YAML, e.g. recipes/smollm2-gsa-cpu.yaml")
+    finetune.add_argument("overrides", nargs="*", help="section.field=value, e.g. train.lr=1e-4 data.seq_len=512")
+    finetune.add_argument("--resume", action="store_true",
+                          help="continue from the newest intact checkpoint in checkpoint.dir (exact: data, optimizer, "
+                               "RNG); the recipe may change only in how long to train, the lr schedule and logging")
+    finetune.add_argument("--overwrite", action="store_true",
+                          help="delete another run's checkpoints and final model in checkpoint.dir, then start afresh")
+    finetune.add_argument("--dry-run", action="store_true",
+                          help="validate the recipe, print it resolved with the step plan and a per-GPU memory plan "
+                               "(DDP and FSDP, 1-8 GPUs; from the model config alone), and stop")
+    finetune.add_argument("--tokens-per-second", type=float, default=None,
+                          help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
+    finetune.add_argument("--measure", type=int, default=None, metavar="STEPS",
+                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
+                          "and use the measured tokens/s and peak memory in the plan")
+
+    run = commands.add_parser(
+        "run", help="convert, finetune, then evaluate against the source, from one recipe",
+        description="t2r finetune, then t2r eval of the result against the source with the recipe's eval section "
+                    "(default: perplexity by position on generated long documents); the report goes to "
+                    "<checkpoint.dir>/eval/.")
+    run.add_argument("--config", required=True, help="recipe YAML")
+    run.add_argument("overrides", nargs="*", help="section.field=value")
+    run.add_argument("--resume", action="store_true", help="continue the finetuning from its latest checkpoint")
+    run.add_argument("--overwrite", action="store_true", help="delete another run in checkpoint.dir first")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate the recipe, print it resolved with the step plan, the memory plan and what the "
+                          "evaluation will measure, and stop")
+    run.add_argument("--tokens-per-second", type=float, default=None,
+                     help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
+    run.add_argument("--measure", type=int, default=None, metavar="STEPS",
+                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
+                          "and use the measured tokens/s and peak memory in the plan")
+
+    add_eval_parsers(commands)
+
+    generate = commands.add_parser("generate", help="generate text with a (converted) model")
+    add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
+    generate.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    generate.add_argument("--max-new-tokens", type=int, default=32)
+    generate.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    generate.add_argument("--temperature", type=float, default=0.8)
+    generate.add_argument("--top-p", type=float, default=0.95)
+    generate.add_argument("--seed", type=int, default=0)
+
+    cache = commands.add_parser(
+        "cache", help="what the t2r cache ($T2R_CACHE, default ~/.cache/t2r) holds, and how to clear it",
+        description="List the built-in model's files in $T2R_CACHE (default ~/.cache/t2r) with their sizes.")
+    cache.add_argument("--clear", action="store_true",
+                       help="delete what t2r wrote there (the next use of 'smollm2' downloads it again)")
+    return parser
+
+
+def _sizes(text: str) -> list[int]:
+    from t2r.eval.bench import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _one_size(text: str) -> int:
+    sizes = _sizes(text)
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one size, e.g. 16K")
+    return sizes[0]
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from err
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_eval_parsers(commands) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a (converted) model against its source: perplexity by position, recall, lm-eval, speed",
+        description="Score --model and --baseline on the same inputs and write report.md, results.json and PNG "
+                    "plots to --out. Suites: ppl (perplexity by position, with sliding-window baselines), mqar and "
+                    "passkey (synthetic recall), bench (speed and memory), and lm-eval suites (commonsense, "
+                    "knowledge, aggregate, recall, local).")
+    add_model_argument(evaluate, "model to evaluate: directory, hub id, file.gguf or 'smollm2'")
+    evaluate.add_argument("--baseline", default=None,
+                          help="model to compare with (default: the source a converted model came from; 'none': no baseline)")
+    evaluate.add_argument("--out", required=True, help="directory for report.md, results.json and plots")
+    evaluate.add_argument("--suite", type=_names, default=None,
+                          help="comma-separated: ppl, mqar, passkey, bench, commonsense, knowledge, aggregate, recall, "
+                               "local (default: ppl,mqar,passkey; with --tasks alone: only those)")
+    evaluate.add_argument("--tasks", type=_names, default=[], help="lm-eval task names or local .jsonl files/directories")
+    evaluate.add_argument("--limit", type=int, default=None, help="cap rows, prompts per cell and documents per task")
+    evaluate.add_argument("--batch-size", type=int, default=1)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--data", default=None, help="held-out text for perplexity (default: generated long documents)")
+    evaluate.add_argument("--text-field", default="text")
+    evaluate.add_argument("--ppl-length", type=_sizes, default=[2048], help="tokens per perplexity row (e.g. 2K)")
+    evaluate.add_argument("--ppl-rows", type=int, default=16)
+    evaluate.add_argument("--pack", action="store_true", help="join documents end to end for perplexity rows")
+    evaluate.add_argument("--windows", type=_sizes, default=[64, 256], help="window baselines (tokens)")
+    evaluate.add_argument("--sinks", type=int, default=4, help="sink tokens kept by each window baseline")
+    evaluate.add_argument("--mqar-pairs", type=_sizes, default=[8, 32, 64])
+    evaluate.add_argument("--passkey-lengths", type=_sizes, default=[512, 1024, 2048, 4096])
+    evaluate.add_argument("--passkey-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    evaluate.add_argument("--max-length", type=int, default=2048, help="lm-eval max_length (same for both models)")
+    evaluate.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="bench contexts")
+    evaluate.add_argument("--batch-sizes", type=_sizes, default=[1], help="bench batch sizes")
+
+    bench = commands.add_parser(
+        "bench", help="prefill, decode or training speed and memory against context length, model vs baseline",
+        description="Prefill tokens/s, decode ms/token and tokens/s, cache and peak memory for every context and "
+                    "batch size; with --train, training tokens/s and peak memory for every context. Out-of-memory "
+                    "is reported as OOM and the sweep goes on.")
+    add_model_argument(bench, "model to measure: directory, hub id, file.gguf or 'smollm2'")
+    bench.add_argument("--baseline", default=None, help="default: the source of a converted model; 'none': no baseline")
+    bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
+    bench.add_argument("--batch-sizes", type=_sizes, default=[1], help="e.g. 1,16,64")
+    bench.add_argument("--decode-tokens", type=int, default=16)
+    bench.add_argument("--decode", choices=("eager", "static"), default="eager",
+                       help="eager: the model's own cache through its forward (what generate() does); static: "
+                            "static buffers, a CUDA graph per step for converted fixed-state models and a compiled "
+                            "StaticCache forward for sources (framework overhead removed)")
+    bench.add_argument("--train", action="store_true",
+                       help="time training steps instead (tokens/s and peak memory per context; fp32 weights with "
+                            "bf16 autocast on CUDA unless --dtype is given, AdamW over every parameter)")
+    bench.add_argument("--tokens-per-step", type=_one_size, default=None,
+                       help="--train: tokens per step, as rows of each context (default: the largest context)")
+    bench.add_argument("--steps", type=int, default=3, help="--train: timed steps per context, after one warm-up")
+    bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")

@@ -1,0 +1,149 @@
+"""`t2r finetune` and `t2r run` (finetune, then evaluate), and their dry-run plan."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from t2r.cli.common import default_device
+
+
+def run_finetune(args) -> int:
+    from t2r.train import finetune, load_recipe
+
+    from accelerate import PartialState
+
+    recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
+    check_recipe_data(recipe)
+    if args.dry_run:
+        print_plan(recipe, args.tokens_per_second, args.measure)
+        return 0
+    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
+    if PartialState().is_main_process:
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+        print(f"model saved to {recipe.checkpoint.dir}/final")
+    return 0
+
+
+def print_plan(recipe, tokens_per_second: float | None = None, measure: int | None = None) -> None:
+    """`--dry-run`: the resolved recipe, the step plan, then the memory plan (`t2r.train.plan`); with `measure`,
+    a short timed run first (`t2r.train.measure`), whose tokens/s the plan projects."""
+    import yaml
+
+    print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+    train, seq_len = recipe.train, recipe.data.seq_len
+    print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
+          f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
+          f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
+          f"{recipe.grad_accum_steps(1)}x on 1 process"
+          + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
+          + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+    if recipe.staged:
+        from t2r.train.stages import describe
+
+        print(describe(recipe))
+    from t2r.sources import load_config
+    from t2r.train.plan import count_parameters, format_plan
+
+    try:
+        config = load_config(recipe.model.source)
+    except OSError as err:  # an unreachable hub id: the rest of the dry run stands
+        print(f"# memory plan: skipped, the model config is not available ({err})")
+        return
+    counts = count_parameters(recipe, config)
+    measured = None
+    if measure is not None:
+        if tokens_per_second is not None:
+            raise SystemExit("t2r: --measure and --tokens-per-second exclude each other (one measures, one is given)")
+        from t2r.train.measure import format_measured, measure_throughput
+        from t2r.train.plan import memory_rows
+
+        measured = measure_throughput(recipe, steps=measure)
+        tokens_per_second = measured.tokens_per_second
+    print(format_plan(recipe, counts, tokens_per_second))
+    if measured is not None:
+        print(format_measured(measured, memory_rows(recipe, counts, world_sizes=(1,))[0]["total"]))
+
+
+def eval_plan(recipe, settings) -> str:
+    """What `t2r run` evaluates after finetuning, in one line."""
+    from t2r.eval.suite import HELD_OUT
+
+    data = (f"the recipe's {recipe.data.held_out} held-out documents" if settings.data == HELD_OUT else
+            settings.data or "generated long documents")
+    suites = ", ".join([*settings.suites, *settings.tasks]) or "none"
+    return (f"# eval: then {recipe.checkpoint.dir}/final against {settings.baseline or recipe.model.source} "
+            f"(suites: {suites}; perplexity data: {data}, {settings.ppl_rows} rows of {settings.ppl_length:,} "
+            f"tokens), on {settings.device or 'cuda if available, else cpu'}; report in {recipe.checkpoint.dir}/eval/")
+
+
+def run_run(args) -> int:
+    from accelerate import PartialState
+
+    from t2r.eval import EvalSettings, evaluate, load_pair, write_report
+    from t2r.eval.models import eval_dtype
+    from t2r.eval.suite import HELD_OUT
+    from t2r.train import finetune, load_recipe
+
+    recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
+    check_recipe_data(recipe)
+    settings = recipe.eval or EvalSettings(suites=["ppl"])
+    if args.dry_run:
+        print_plan(recipe, args.tokens_per_second, args.measure)
+        print(eval_plan(recipe, settings))
+        return 0
+    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
+    if not PartialState().is_main_process:
+        return 0
+    release_host_memory()  # the evaluation must not stack on the training's freed memory (4.4 -> 4.0 GB on CPU)
+    final = f"{recipe.checkpoint.dir}/final"
+    device = default_device(settings.device)
+    settings.dtype = eval_dtype(settings.dtype, device)
+    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(
+        final, settings.baseline or recipe.model.source, settings.dtype, device)
+    data = None
+    if settings.data == HELD_OUT:
+        data = recipe.data.data_config()
+    out = f"{recipe.checkpoint.dir}/eval"
+    print(f"finetuned {metrics['step']} steps; evaluating {final} against {baseline_spec} into {out}")
+    results = evaluate(model, tokenizer, settings, out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
+                       model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
+                       command=" ".join(["t2r", *sys.argv[1:]]))
+    report = write_report(results, out)
+    print(report.read_text(), end="")
+    print(f"model saved to {final}; report written to {report}")
+    return 0
+
+
+def release_host_memory() -> None:
+    """Hand memory freed by a finished phase back to the system: collect reference cycles (accelerate's
+    objects hold the model and optimizer in some), then glibc's `malloc_trim`, without which the heap
+    keeps the freed pages and the next phase's allocations add to them."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): its allocator decides
+        pass
+
+
+def check_recipe_data(recipe) -> None:
+    """The data checks of `finetune`, before anything loads (and in --dry-run): the first documents of every
+    local file, then, when the tokenizer is a local directory, one packed row of each part."""
+    from t2r.data.check import check_files, check_rows
+    from t2r.data.documents import is_local
+    from t2r.sources import load_tokenizer
+
+    cfg = recipe.data.data_config()
+    check_files(cfg)
+    source = Path(recipe.model.source).expanduser()
+    if is_local(os.path.expanduser(cfg.path)) and (source / "tokenizer_config.json").is_file():
+        check_rows(cfg, load_tokenizer(str(source)), recipe.data.seq_len, recipe.train.seed)
+
+
+def _divides(recipe, processes: int) -> bool:
+    train = recipe.train
+    return train.tokens_per_step % (recipe.data.seq_len * train.micro_batch_size * processes) == 0
