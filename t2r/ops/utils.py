@@ -195,10 +195,19 @@ def recompute_in_backward(fn: Callable, *args, **kwargs):
     """`fn(*args, **kwargs)`, keeping only its inputs for the backward pass, which runs it again
     (`torch.utils.checkpoint`). The chunkwise PyTorch forms save [C, C] scores and gate factors per chunk,
     5-10x their inputs; recomputing costs one more forward of the op and keeps training memory near
-    softmax attention's. A plain call when nothing needs a gradient."""
-    if needs_grad(*args, *kwargs.values()):
+    softmax attention's. A plain call when nothing needs a gradient, and when saved-tensor hooks already
+    decide what is kept (`saved_tensors_managed`): inside a checkpointed decoder layer the op would
+    otherwise run three times (forward, the layer's recompute, its own recompute) to spare memory that
+    the layer's recompute holds for one layer only."""
+    if needs_grad(*args, *kwargs.values()) and not saved_tensors_managed():
         return checkpoint(fn, *args, use_reentrant=False, **kwargs)
     return fn(*args, **kwargs)
+
+
+def saved_tensors_managed() -> bool:
+    """True inside `torch.autograd.graph.saved_tensors_hooks` (activation checkpointing's forward and
+    recompute, CPU offloading): the enclosing code decides what autograd keeps."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
 
 def needs_grad(*values) -> bool:

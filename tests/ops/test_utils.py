@@ -1,7 +1,9 @@
 """t2r.ops.utils: grouping of packed sequences and recomputation in backward."""
 import torch
 
-from t2r.ops.utils import _length_groups, recompute_in_backward
+from torch.utils.checkpoint import checkpoint
+
+from t2r.ops.utils import _length_groups, recompute_in_backward, saved_tensors_managed
 
 
 def test_length_groups_cover_every_sequence_once_with_bounded_padding():
@@ -14,17 +16,39 @@ def test_length_groups_cover_every_sequence_once_with_bounded_padding():
     assert _length_groups([100, 10, 90, 12]) == [[0, 2, 3], [1]]
 
 
-def test_recompute_in_backward_keeps_only_inputs_and_gives_the_same_gradients():
-    x = torch.randn(64, 64, requires_grad=True)
-
+def _counted(calls):
     def heavy(x):
-        return (x.exp() @ x.sin()).tanh().sum()
+        calls.append(1)
+        return (x.exp() @ x.sin()).tanh().sum(0)
+    return heavy
 
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        out = recompute_in_backward(heavy, x)
-    assert sum(saved) == x.numel()  # only the input is kept
+
+def test_recompute_in_backward_runs_the_op_again_and_gives_the_same_gradients():
+    x = torch.randn(64, 64, requires_grad=True)
+    calls = []
+    heavy = _counted(calls)
+    out = recompute_in_backward(heavy, x).sum()
     grad = torch.autograd.grad(out, x)[0]
-    assert torch.allclose(grad, torch.autograd.grad(heavy(x), x)[0])
+    assert len(calls) == 2  # forward, then again in backward: only the input was kept
+    assert torch.allclose(grad, torch.autograd.grad(heavy(x).sum(), x)[0])
+    calls.clear()
     with torch.no_grad():
         assert torch.equal(recompute_in_backward(heavy, x), heavy(x))
+    assert len(calls) == 2  # no gradient: plain calls
+
+
+def test_recompute_is_not_nested_inside_a_checkpointed_layer():
+    """Under activation checkpointing of the layer, the op runs twice (forward, the layer's recompute), not
+    three times, and the gradients are the same."""
+    x = torch.randn(64, 64, requires_grad=True)
+    calls = []
+    heavy = _counted(calls)
+
+    def layer(x):  # the op's output feeds a node that saves it, so the layer's recompute reaches the op
+        return (recompute_in_backward(heavy, x.cos()) * 2).sin().sum()
+
+    out = checkpoint(layer, x, use_reentrant=False)
+    assert not saved_tensors_managed()  # only inside the checkpointed region
+    grad = torch.autograd.grad(out, x)[0]
+    assert len(calls) == 2
+    assert torch.allclose(grad, torch.autograd.grad((heavy(x.cos()) * 2).sin().sum(), x)[0])
