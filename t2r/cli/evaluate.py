@@ -43,9 +43,31 @@ def run_eval(args) -> int:
     return 0
 
 
+BENCH_DEFAULTS = {"batch_sizes": [1], "decode_tokens": 16, "decode": "eager", "steps": 3}
+INFERENCE_ONLY, TRAIN_ONLY = ("batch_sizes", "decode_tokens", "decode"), ("tokens_per_step", "steps")
+
+
+def check_bench_flags(args) -> None:
+    """ValueError for a flag of the other mode (`--decode` with `--train`, `--steps` without it): it would
+    be ignored. Then the unset flags take their defaults."""
+    wrong = [name for name in (INFERENCE_ONLY if args.train else TRAIN_ONLY) if getattr(args, name) is not None]
+    if wrong:
+        flags = ", ".join("--" + name.replace("_", "-") for name in wrong)
+        raise ValueError(f"{flags} {'do' if len(wrong) > 1 else 'does'} not apply "
+                         + ("to --train (training steps)" if args.train else "without --train (prefill and decode)")
+                         + "; drop " + ("them" if len(wrong) > 1 else "it")
+                         + ("" if args.train else " or add --train"))
+    for name, default in BENCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.train and args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: give at least 1 timed step")
+
+
 def run_bench(args) -> int:
     from dataclasses import asdict
 
+    check_bench_flags(args)
     check_model_spec(args.model)
     check_model_spec(args.baseline)
     offline_if_unreachable(args.model, args.baseline)
@@ -88,8 +110,6 @@ def run_train_bench(args, device: str) -> int:
     from t2r.eval.suite import labels
     from t2r.eval.train_bench import bench_training, format_train_table, plot_training
 
-    if args.steps < 1:
-        raise SystemExit(f"--steps {args.steps}: give at least 1 timed step")
     tokens_per_step = args.tokens_per_step or max(args.contexts)
     dtype = "float32" if args.dtype in (None, "auto") else args.dtype  # master weights, as finetune keeps them
     model, _, baseline, _, _ = load_pair(args.model, args.baseline, dtype, device)

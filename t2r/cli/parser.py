@@ -241,9 +241,9 @@ def add_eval_parsers(commands) -> None:
     add_model_argument(bench, "model to measure: directory, hub id, file.gguf or 'smollm2'")
     bench.add_argument("--baseline", default=None, help="default: the source of a converted model; 'none': no baseline")
     bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
-    bench.add_argument("--batch-sizes", type=_sizes, default=[1], help="e.g. 1,16,64")
-    bench.add_argument("--decode-tokens", type=int, default=16)
-    bench.add_argument("--decode", choices=("eager", "static"), default="eager",
+    bench.add_argument("--batch-sizes", type=_sizes, default=None, help="e.g. 1,16,64 (default 1)")
+    bench.add_argument("--decode-tokens", type=int, default=None, help="decode steps per cell (default 16)")
+    bench.add_argument("--decode", choices=("eager", "static"), default=None,
                        help="eager: the model's own cache through its forward (what generate() does); static: "
                             "static buffers, a CUDA graph per step for converted fixed-state models and a compiled "
                             "StaticCache forward for sources (framework overhead removed)")
@@ -252,5 +252,6 @@ def add_eval_parsers(commands) -> None:
                             "bf16 autocast on CUDA unless --dtype is given, AdamW over every parameter)")
     bench.add_argument("--tokens-per-step", type=_one_size, default=None,
                        help="--train: tokens per step, as rows of each context (default: the largest context)")
-    bench.add_argument("--steps", type=int, default=3, help="--train: timed steps per context, after one warm-up")
+    bench.add_argument("--steps", type=int, default=None,
+                       help="--train: timed steps per context, after one warm-up (default 3)")
     bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")

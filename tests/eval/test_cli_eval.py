@@ -87,3 +87,12 @@ def test_bench_train_refuses_a_list_of_step_sizes(converted, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--model", str(model), "--train", "--tokens-per-step", "16,32"])
     assert "give one size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--train", "--decode", "static", "--batch-sizes", "4"], "--batch-sizes, --decode do not apply to --train"),
+    (["--steps", "2"], "--steps does not apply without --train (prefill and decode); drop it or add --train"),
+    (["--train", "--steps", "0"], "--steps 0: give at least 1 timed step")])
+def test_bench_refuses_flags_of_the_other_mode_before_loading(flags, named, capsys):
+    assert main(["bench", "--model", "missing/model-dir-that-is-not-read", *flags]) == 2
+    assert named in capsys.readouterr().err
