@@ -82,6 +82,15 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The --dry-run plan's inputs, shared by `t2r finetune` and `t2r run`."""
+    parser.add_argument("--tokens-per-second", type=float, default=None,
+                        help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
+    parser.add_argument("--measure", type=int, default=None, metavar="STEPS",
+                        help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
+                             "and use the measured tokens/s and peak memory in the plan")
+
+
 def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--model", default="smollm2", help=help_text)
     parser.add_argument("--dtype", choices=DTYPES, default="auto")
@@ -131,11 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--dry-run", action="store_true",
                           help="validate the recipe, print it resolved with the step plan and a per-GPU memory plan "
                                "(DDP and FSDP, 1-8 GPUs; from the model config alone), and stop")
-    finetune.add_argument("--tokens-per-second", type=float, default=None,
-                          help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
-    finetune.add_argument("--measure", type=int, default=None, metavar="STEPS",
-                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
-                          "and use the measured tokens/s and peak memory in the plan")
+    add_plan_arguments(finetune)
 
     run = commands.add_parser(
         "run", help="convert, finetune, then evaluate against the source, from one recipe",
@@ -149,11 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="validate the recipe, print it resolved with the step plan, the memory plan and what the "
                           "evaluation will measure, and stop")
-    run.add_argument("--tokens-per-second", type=float, default=None,
-                     help="with --dry-run: measured training tokens/s per GPU, to project wall time and GPU-hours")
-    run.add_argument("--measure", type=int, default=None, metavar="STEPS",
-                     help="with --dry-run: train STEPS micro-batches here (after one warm-up; nothing is written) "
-                          "and use the measured tokens/s and peak memory in the plan")
+    add_plan_arguments(run)
 
     add_eval_parsers(commands)
 

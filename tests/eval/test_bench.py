@@ -17,13 +17,7 @@ DECODE = 4
 FAST = dict(decode_tokens=DECODE, warmup=1, repeats=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops: intra-op threads only add contention (x100 per step on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/eval/conftest.py
 
 
 @pytest.fixture(scope="module")

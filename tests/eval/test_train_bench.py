@@ -8,12 +8,7 @@ from t2r.eval.train_bench import TrainRow, bench_training, format_train_table, t
 from tests.models.conftest import tiny_source
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/eval/conftest.py
 
 
 def test_steps_train_every_parameter_and_see_the_batch():
