@@ -269,3 +269,19 @@ def test_fallback_through_gla_kernels(op, shape, dtype):
               TOL32 if dtype == torch.float32 else 2.5e-2)
     finally:
         mod.SCALAR_KERNEL = True
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_custom_op_contract(scalar, packed):
+    """The torch.compile path (`t2r::chunk_linear_attn`): fake shapes, schema and autograd registration hold
+    (torch.library.opcheck), with an initial state and with packed sequences."""
+    B, T, HQ, H, K = (1, 70, 4, 2, 32)
+    q = torch.randn(B, T, HQ, K, device=DEV, requires_grad=True)
+    k, v = (torch.randn(B, T, H, K, device=DEV, requires_grad=True) for _ in range(2))
+    shape = (B, T, H) if scalar else (B, T, H, K)
+    g = (torch.nn.functional.logsigmoid(torch.randn(shape, device=DEV)) / 16).requires_grad_(True)
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEV) if packed else None
+    h0 = torch.randn(2 if packed else B, H, K, K, device=DEV, requires_grad=True)
+    torch.library.opcheck(tc._chunk_op, (q, k, v, g, h0, cu, K ** -0.5, scalar, 64, 16),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

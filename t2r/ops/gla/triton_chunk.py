@@ -84,10 +84,11 @@ def _segment_buffers(n: int, K: int, V: int, device):
             torch.empty(n, K, dtype=torch.float32, device=device))
 
 
-def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
-    B, T, HQ, K = q.shape
-    H, V = v.shape[2], v.shape[3]
-    N, NT, chunk_indices, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
+def _states(k, v, g, h0, cu_seqlens, scalar, BT):
+    """(h, ht): the state entering every chunk and the final state (`_fwd_h_kernel`)."""
+    B, T, H, K = k.shape
+    V = v.shape[3]
+    N, NT, _, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
     BK, BV = _blocks(K, V)
     h = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device)
@@ -99,6 +100,14 @@ def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
             k, v, g, h, h0, ht, seg_h, seg_d, cu_seqlens, chunk_offsets, T,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, NS=NS, SPLIT=NS > 1, SCALAR=scalar, USE_H0=h0 is not None,
             IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass, **_cfg("fwd_h"))
+    return h, ht
+
+
+def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
+    B, T, HQ, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    _, NT, chunk_indices, _ = prepare_chunks(B, T, BT, cu_seqlens)
+    h, ht = _states(k, v, g, h0, cu_seqlens, scalar, BT)
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=v.device)
     cap = 128 if q.element_size() == 2 else 64   # fp32 tiles: half the size (shared memory)
     BKo = min(cap, max(16, next_pow2(K)))
@@ -186,7 +195,57 @@ class _ChunkLinearAttnFunction(torch.autograd.Function):
         return dq, dk, dv, dg, None, dh0, None, None, None, None
 
 
-@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
+# Under torch.compile the same kernels run as two custom ops (forward, backward): the graph stays whole around
+# them, where the Function above would break it. The backward op recomputes the chunk states (one state scan)
+# instead of saving them, so that every shape follows from the inputs' shapes.
+@torch.library.custom_op("t2r::chunk_linear_attn", mutates_args=())
+def _chunk_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, h0: Optional[torch.Tensor],
+              cu_seqlens: Optional[torch.Tensor], scale: float, scalar: bool, chunk_size: int,
+              sub_block: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, _, ht = _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, chunk_size, sub_block)
+    return o, ht
+
+
+@_chunk_op.register_fake
+def _(q, k, v, g, h0, cu_seqlens, scale, scalar, chunk_size, sub_block):
+    B, T, HQ, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return v.new_empty(B, T, HQ, V), v.new_empty(N, H, K, V, dtype=torch.float32)
+
+
+@torch.library.custom_op("t2r::chunk_linear_attn_backward", mutates_args=())
+def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                       h0: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], ht: torch.Tensor,
+                       do: torch.Tensor, dht: torch.Tensor, scale: float, scalar: bool, chunk_size: int,
+                       sub_block: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    h, _ = _states(k, v, g, h0, cu_seqlens, scalar, chunk_size)
+    dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, h, ht, do.contiguous(), dht.contiguous(), scale, h0, cu_seqlens, scalar,
+                               chunk_size, sub_block)
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else ht.new_empty(0))
+
+
+@_chunk_backward_op.register_fake
+def _(q, k, v, g, h0, cu_seqlens, ht, do, dht, scale, scalar, chunk_size, sub_block):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
+            ht.new_empty(ht.shape) if h0 is not None else ht.new_empty(0))
+
+
+def _chunk_op_setup(ctx, inputs, output):
+    q, k, v, g, h0, cu_seqlens, *meta = inputs
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, output[1])
+    ctx.meta = meta
+
+
+def _chunk_op_backward(ctx, do, dht):
+    q, k, v, g, h0, cu_seqlens, ht = ctx.saved_tensors
+    dq, dk, dv, dg, dh0 = _chunk_backward_op(q, k, v, g, h0, cu_seqlens, ht, do, dht, *ctx.meta)
+    return dq, dk, dv, dg, (dh0 if h0 is not None else None), None, None, None, None, None
+
+
+_chunk_op.register_autograd(_chunk_op_backward, setup_context=_chunk_op_setup)
+
+
 def chunk_linear_attn_triton(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
                              cu_seqlens=None, scalar=False, chunk_size=BT_DEFAULT, sub_block=16):
     """Shared entry of chunk_gla_triton (scalar=False, g [B,T,H,K]) and
@@ -206,8 +265,12 @@ def chunk_linear_attn_triton(q, k, v, g, scale=None, initial_state=None, output_
         # 8 steps (per block): past fp16's range (max 65504) for moderate gates, inside bf16's.
         q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    o, ht = _ChunkLinearAttnFunction.apply(q, k, v, g, float(scale), initial_state, cu_seqlens,
-                                           scalar, chunk_size, sub_block)
+    if torch.compiler.is_compiling():
+        h0 = initial_state.float().contiguous() if initial_state is not None else None
+        o, ht = _chunk_op(q, k, v, g, h0, cu_seqlens, float(scale), scalar, chunk_size, sub_block)
+    else:
+        o, ht = _ChunkLinearAttnFunction.apply(q, k, v, g, float(scale), initial_state, cu_seqlens,
+                                               scalar, chunk_size, sub_block)
     return o.to(out_dtype), (ht if output_final_state else None)
 
 
