@@ -1,5 +1,5 @@
-"""Converted models under torch.compile: each decoder layer compiled; the linear-attention kernels inside the
-graph as custom ops, GSA's and FoX's behind a graph break.
+"""Converted models under torch.compile: each decoder layer compiled; the GLA, retention and GSA kernels inside
+the graph as custom ops, FoX's behind a graph break.
 
 The Triton path runs through Triton's CPU interpreter here (tests/conftest.py), forced with T2R_OPS_BACKEND
 (fp32 inputs would take the PyTorch forms otherwise). Head dim 64 and 64 slots: the smallest shapes that take
@@ -12,36 +12,41 @@ import t2r
 from tests.models.conftest import tiny_source
 
 pytest.importorskip("triton")
-from t2r.ops.gla import triton_chunk  # noqa: E402
+from t2r.ops.gla import triton_chunk as gla_kernels  # noqa: E402
+from t2r.ops.gsa import triton_chunk as gsa_kernels  # noqa: E402
 
 
-def loss_and_grads(model, ids):
+def loss_and_grads(model, ids, positions=None):
     model.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss = model(input_ids=ids, labels=ids, position_ids=positions, use_cache=False).loss
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-CUSTOM_OPS = {"gla", "retnet"}  # t2r::chunk_linear_attn
+CUSTOM_OPS = {"gla": gla_kernels, "retnet": gla_kernels, "gsa": gsa_kernels}  # t2r::chunk_linear_attn, t2r::chunk_gsa
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "fox"])
-def test_compiled_layers_match_eager(target, monkeypatch):
+def test_compiled_layers_match_eager(target, packed, monkeypatch):
     monkeypatch.setenv("T2R_OPS_BACKEND", "triton")
     torch._dynamo.reset()
     source = tiny_source("llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                          num_hidden_layers=2, attn_implementation="sdpa")
     model = t2r.convert(source, target)
-    ids = torch.randint(3, source.config.vocab_size, (2, 70))
-    eager_loss, eager_grads = loss_and_grads(model, ids)
+    ids = torch.randint(3, source.config.vocab_size, (1 if packed else 2, 140 if packed else 70))
+    positions = torch.cat([torch.arange(60), torch.arange(80)])[None] if packed else None  # two documents
+    eager_loss, eager_grads = loss_and_grads(model, ids, positions)
     for layer in model.model.layers:
         layer.compile(dynamic=False)
     counters = torch._dynamo.utils.counters
     counters.clear()
     scans = []
-    states = triton_chunk._states
-    monkeypatch.setattr(triton_chunk, "_states", lambda *args: scans.append(1) or states(*args))
-    loss, grads = loss_and_grads(model, ids)
+    if target in CUSTOM_OPS:
+        kernels = CUSTOM_OPS[target]
+        states = kernels._states
+        monkeypatch.setattr(kernels, "_states", lambda *args: scans.append(1) or states(*args))
+    loss, grads = loss_and_grads(model, ids, positions)
     assert counters["stats"]["unique_graphs"] > 0
     breaks = dict(counters["graph_break"])
     if target in CUSTOM_OPS:  # the kernels run inside the graph, as torch.library custom ops

@@ -322,3 +322,16 @@ def test_gpu_tiny_dims():
     """Direct calls with head/slot dims below 64 run on 64-wide tiles (see triton_chunk._tile)."""
     inputs, state = make(1, 70, 4, 2, K=16, V=32, M=16)
     check(fwd_bwd(tc.chunk_gsa_triton, inputs, state), fwd_bwd(naive, inputs, state), FP32_TOL)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("h0", [False, True])
+def test_custom_op_contract(packed, h0):
+    """The torch.compile path (`t2r::chunk_gsa`): schema, fake shapes (the steep-chunk lists sized by the
+    chunks of packed sequences) and autograd registration hold (torch.library.opcheck)."""
+    inputs, state = make(1, 150, 4, 2, **SMALL, h0=h0, n_state=2 if packed else None)
+    args = [t.to(DEV).requires_grad_(t.is_floating_point()) for t in inputs.values()]
+    state = [None, None] if state is None else [t.to(DEV).requires_grad_() for t in state]
+    cu = torch.tensor([0, 70, 150], dtype=torch.int32, device=DEV) if packed else None
+    torch.library.opcheck(tc._chunk_op, (*args, *state, cu, SMALL["K"] ** -0.5),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

@@ -109,17 +109,22 @@ def _split(D: int) -> int:
     return min(64, next_pow2(D)) if is_interpreting() else 64
 
 
-def _chunk_lists(n: int, device) -> Tuple[torch.Tensor, torch.Tensor, int]:
-    """Per (chunk, kv head) flags (1: steep, sub-blocks), the list [count, entries...] of the steep
-    ones (both filled by _fwd_o), and the program count P of the sub-block launches."""
+def _steep_programs(n: int, device) -> int:
+    """Program count P of the sub-block launches over n (chunk, kv head) pairs."""
     if STEEP_PROGRAMS is not None:
         P = STEEP_PROGRAMS
     elif device.type == "cuda":
         P = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     else:
         P = 4
+    return max(1, min(n, P))
+
+
+def _chunk_lists(n: int, device) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """Per (chunk, kv head) flags (1: steep, sub-blocks), the list [count, entries...] of the steep
+    ones (both filled by _fwd_o), and the program count P of the sub-block launches."""
     flags = torch.empty(n, dtype=torch.int8, device=device)
-    return flags, torch.zeros(n + 1, dtype=torch.int32, device=device), max(1, min(n, P))
+    return flags, torch.zeros(n + 1, dtype=torch.int32, device=device), _steep_programs(n, device)
 
 
 def _segment_buffers(n: int, K: int, V: int, M: int, device):
@@ -129,13 +134,12 @@ def _segment_buffers(n: int, K: int, V: int, M: int, device):
     return torch.empty(n, K, M, **f32), torch.empty(n, M, V, **f32), torch.empty(n, M, **f32)
 
 
-def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
+def _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens):
+    """(hk, hv, htk, htv): key and value slot memories entering every chunk, and the final ones (or None)."""
     B, T, HQ, K = q.shape
     H, V, M = k.shape[2], v.shape[3], s.shape[3]
-    G = HQ // H
-    N, NTT, chunk_indices, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
-    BKf, BVf, BM = _tile(K), _tile(V), _tile(M)
-    BD = max(BKf, BVf)
+    N, NTT, _, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
+    BM = _tile(M)
     BKs, BVs = _split(K), _split(V)
     NK, NV = triton.cdiv(K, BKs), triton.cdiv(V, BVs)
     sdt = q.dtype
@@ -154,6 +158,17 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
             H=H, K=K, V=V, M=M, BT=BT, BK=BKs, BV=BVs, BM=BM, NK=NK, NS=NS, SPLIT=NS > 1,
             USE_H0=use_h0, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None, SEG_PASS=seg_pass,
             **_cfg("fwd_h"))
+    return hk, hv, htk, htv
+
+
+def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
+    B, T, HQ, K = q.shape
+    H, V, M = k.shape[2], v.shape[3], s.shape[3]
+    G = HQ // H
+    N, NTT, chunk_indices, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
+    BKf, BVf, BM = _tile(K), _tile(V), _tile(M)
+    BD = max(BKf, BVf)
+    hk, hv, htk, htv = _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens)
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=q.device)
     z = torch.empty(B, T, HQ, M, dtype=torch.float32, device=q.device)
     p = torch.empty(B, T, HQ, M, dtype=q.dtype, device=q.device)
@@ -265,7 +280,76 @@ class ChunkGSAFunction(torch.autograd.Function):
         return dq, dk, dv, ds, dg, None, dh0k, dh0v, None, None
 
 
-@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
+# Under torch.compile the same kernels run as two custom ops (forward, backward): the graph stays whole around
+# them, where the Function above would break it. The forward returns what backward reads besides the inputs
+# (z, p, the steep-chunk flags and list, whose size follows the chunk count: data-dependent with cu_seqlens);
+# the backward recomputes the slot memories entering each chunk (one state scan) instead of saving them.
+_Tensors7 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@torch.library.custom_op("t2r::chunk_gsa", mutates_args=())
+def _chunk_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, g: torch.Tensor,
+              h0k: Optional[torch.Tensor], h0v: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+              scale: float) -> _Tensors7:
+    o, z, p, _, _, htk, htv, _, (flags, steep, _) = _fwd(q, k, v, s, g, scale, h0k, h0v, True, cu_seqlens)
+    return o, htk, htv, z, p, flags, steep
+
+
+@_chunk_op.register_fake
+def _(q, k, v, s, g, h0k, h0v, cu_seqlens, scale):
+    B, T, HQ, K = q.shape
+    H, V, M = k.shape[2], v.shape[3], s.shape[3]
+    if cu_seqlens is None:
+        N, pairs = B, triton.cdiv(T, BT) * B * H
+    else:  # chunks of all packed sequences: known once cu_seqlens is read
+        N, pairs = cu_seqlens.shape[0] - 1, torch.library.get_ctx().new_dynamic_size() * H
+    f32 = dict(dtype=torch.float32)
+    return (v.new_empty(B, T, HQ, V), q.new_empty(N, H, K, M, **f32), q.new_empty(N, H, M, V, **f32),
+            q.new_empty(B, T, HQ, M, **f32), q.new_empty(B, T, HQ, M), q.new_empty(pairs, dtype=torch.int8),
+            q.new_empty(pairs + 1, dtype=torch.int32))
+
+
+@torch.library.custom_op("t2r::chunk_gsa_backward", mutates_args=())
+def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, g: torch.Tensor,
+                       h0k: Optional[torch.Tensor], h0v: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                       htk: torch.Tensor, htv: torch.Tensor, z: torch.Tensor, p: torch.Tensor, flags: torch.Tensor,
+                       steep: torch.Tensor, do: torch.Tensor, dhtk: torch.Tensor, dhtv: torch.Tensor,
+                       scale: float) -> _Tensors7:
+    hk, hv, _, _ = _states(q, k, v, s, g, h0k, h0v, False, cu_seqlens)
+    chunks = prepare_chunks(q.shape[0], q.shape[1], BT, cu_seqlens)
+    dq, dk, dv, ds, dg, dh0k, dh0v = _bwd(
+        q, k, v, s, g, scale, z, p, hk, hv, do.contiguous(), dhtk.contiguous(), dhtv.contiguous(), htk, htv,
+        h0k is not None, cu_seqlens, chunks, (flags, steep, _steep_programs(flags.numel(), q.device)))
+    if h0k is None:
+        return dq, dk, dv, ds, dg, htk.new_empty(0), htv.new_empty(0)
+    return dq, dk, dv, ds, dg, dh0k.to(h0k.dtype), dh0v.to(h0v.dtype)
+
+
+@_chunk_backward_op.register_fake
+def _(q, k, v, s, g, h0k, h0v, cu_seqlens, htk, htv, z, p, flags, steep, do, dhtk, dhtv, scale):
+    grads = tuple(t.new_empty(t.shape) for t in (q, k, v, s, g))
+    if h0k is None:
+        return (*grads, htk.new_empty(0), htv.new_empty(0))
+    return (*grads, h0k.new_empty(h0k.shape), h0v.new_empty(h0v.shape))
+
+
+def _chunk_op_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8], *output[1:])
+    ctx.scale = inputs[8]
+    ctx.mark_non_differentiable(*output[3:])
+
+
+def _chunk_op_backward(ctx, do, dhtk, dhtv, *_):
+    saved = ctx.saved_tensors
+    dq, dk, dv, ds, dg, dh0k, dh0v = _chunk_backward_op(*saved, do, dhtk, dhtv, ctx.scale)
+    if saved[5] is None:
+        dh0k = dh0v = None
+    return dq, dk, dv, ds, dg, dh0k, dh0v, None, None
+
+
+_chunk_op.register_autograd(_chunk_op_backward, setup_context=_chunk_op_setup)
+
+
 def chunk_gsa_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -289,5 +373,9 @@ def chunk_gsa_triton(
         # the anchored slot-decay factors (up to 2^100, or 8 steps of decay per block) overflow
         # fp16 (max 65504) for moderate gates; bf16 holds them
         q, k, v, s = (t.to(torch.bfloat16) for t in (q, k, v, s))
-    o, htk, htv = ChunkGSAFunction.apply(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens)
+    if torch.compiler.is_compiling():
+        contiguous = [None if t is None else t.contiguous() for t in (q, k, v, s, g, h0k, h0v)]
+        o, htk, htv, *_ = _chunk_op(*contiguous, cu_seqlens, scale)
+    else:
+        o, htk, htv = ChunkGSAFunction.apply(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens)
     return o.to(out_dtype), ((htk, htv) if output_final_state else None)
