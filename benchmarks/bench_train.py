@@ -13,8 +13,8 @@ command, to benchmarks/results/train_<device>.md.
 `--modes compiled` runs every model with regional compilation: each decoder layer through `torch.compile`
 (default mode, static shapes), one compiled graph that all layers share, since they run the same code. Inductor
 fuses the norms, rotary, activations and gate arithmetic around the attention op, which is most of what a small
-model's step spends on the host; the Triton ops stay opaque to it (`t2r/ops/backend.py`: one graph break per
-layer). The warm-up steps include compilation; the first one is checked against the same batch run eagerly
+model's step spends on the host; the Triton kernels run inside the graph as custom ops (`t2r/ops/backend.py`).
+The warm-up steps include compilation; the first one is checked against the same batch run eagerly
 (`torch.compiler.set_stance("force_eager")`), and the difference is printed with the graph-break count.
 """
 

@@ -10,10 +10,10 @@ The environment variable ``T2R_OPS_BACKEND`` overrides the automatic choice:
   fp32 PyTorch forms on an H100 (exact fp32 through the CPU interpreter agrees to 1e-6), so fp32
   stays the exact path. Force ``triton`` to run the kernels in fp32 anyway.
 
-Under ``torch.compile`` the GLA / simple GLA and GSA chunk kernels run as the custom ops
-``t2r::chunk_linear_attn`` and ``t2r::chunk_gsa`` (each with its backward), inside the graph; FoX's entry
-point and the recurrent decode kernels stay opaque (``torch.compiler.disable``), one graph break per
-attention layer. Either way the code around them
+Under ``torch.compile`` the training kernels run as custom ops inside the graph (``t2r::chunk_linear_attn``
+for GLA and simple GLA, ``t2r::chunk_gsa``, ``t2r::forgetting_attention``, each with its backward, which
+recomputes what the autograd Function would have saved: chunk states, gate cumsums); eager calls keep the
+Functions. The recurrent decode kernels stay opaque (``torch.compiler.disable``). The code around them
 compiles (inductor fuses the norms, rotary, gate arithmetic and casts of a layer).
 ``benchmarks/bench_train.py --modes compiled`` measures it with regional compilation (each decoder layer
 compiled once, shared by all layers); ``benchmarks/graph_break_cost.py`` what a break costs.

@@ -1,5 +1,5 @@
-"""Converted models under torch.compile: each decoder layer compiled; the GLA, retention and GSA kernels inside
-the graph as custom ops, FoX's behind a graph break.
+"""Converted models under torch.compile: each decoder layer compiled, the Triton kernels inside the graph as
+torch.library custom ops (no graph break), loss and gradients equal to eager.
 
 The Triton path runs through Triton's CPU interpreter here (tests/conftest.py), forced with T2R_OPS_BACKEND
 (fp32 inputs would take the PyTorch forms otherwise). Head dim 64 and 64 slots: the smallest shapes that take
@@ -13,6 +13,7 @@ from tests.models.conftest import tiny_source
 
 pytest.importorskip("triton")
 from t2r.ops.gla import triton_chunk as gla_kernels  # noqa: E402
+from t2r.ops.fox import triton_parallel as fox_kernels  # noqa: E402
 from t2r.ops.gsa import triton_chunk as gsa_kernels  # noqa: E402
 
 
@@ -23,7 +24,9 @@ def loss_and_grads(model, ids, positions=None):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-CUSTOM_OPS = {"gla": gla_kernels, "retnet": gla_kernels, "gsa": gsa_kernels}  # t2r::chunk_linear_attn, t2r::chunk_gsa
+# each target's kernel module and the host function its custom ops call once per layer forward and once in backward
+CUSTOM_OPS = {"gla": (gla_kernels, "_states"), "retnet": (gla_kernels, "_states"), "gsa": (gsa_kernels, "_states"),
+              "fox": (fox_kernels, "_prep_c")}
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -41,19 +44,14 @@ def test_compiled_layers_match_eager(target, packed, monkeypatch):
         layer.compile(dynamic=False)
     counters = torch._dynamo.utils.counters
     counters.clear()
-    scans = []
-    if target in CUSTOM_OPS:
-        kernels = CUSTOM_OPS[target]
-        states = kernels._states
-        monkeypatch.setattr(kernels, "_states", lambda *args: scans.append(1) or states(*args))
+    calls = []
+    kernels, name = CUSTOM_OPS[target]
+    counted = getattr(kernels, name)
+    monkeypatch.setattr(kernels, name, lambda *args: calls.append(1) or counted(*args))
     loss, grads = loss_and_grads(model, ids, positions)
     assert counters["stats"]["unique_graphs"] > 0
-    breaks = dict(counters["graph_break"])
-    if target in CUSTOM_OPS:  # the kernels run inside the graph, as torch.library custom ops
-        assert breaks == {}
-        assert len(scans) == 2 * len(model.model.layers)  # per layer: the forward, the backward's recompute
-    else:  # the Triton entry point ran outside the graph (a torch.compiler.disable break)
-        assert any("compiler.disable" in reason for reason in breaks), breaks
+    assert dict(counters["graph_break"]) == {}  # the kernels run inside the graph, as torch.library custom ops
+    assert len(calls) == 2 * len(model.model.layers)  # per layer: the forward, the backward's recompute
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
     assert grads.keys() == eager_grads.keys() and len(grads) > 0
     for name, grad in grads.items():

@@ -197,3 +197,21 @@ def test_dispatch(monkeypatch):
     assert calls, "the dispatcher did not call the Triton kernel"
     ref = naive_forgetting_attention(q.float(), k.float(), v.float(), g)
     assert rel(o.float(), ref) < DTYPES[0][1]
+
+
+@pytest.mark.parametrize("layout", ["plain", "packed", "padded"])
+def test_custom_op_contract(layout):
+    """The torch.compile path (`t2r::forgetting_attention`): schema, fake shapes and autograd registration hold
+    (torch.library.opcheck), with packed documents and with a padding mask."""
+    B = 1 if layout == "packed" else 2
+    T, HQ, H, D = 40, 4, 2, 16
+    q = torch.randn(B, T, HQ, D, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(B, T, H, D, device=DEVICE, requires_grad=True) for _ in range(2))
+    g = F.logsigmoid(torch.randn(B, T, HQ, device=DEVICE)).requires_grad_(True)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=DEVICE) if layout == "packed" else None
+    mask = None
+    if layout == "padded":
+        mask = torch.ones(B, T, dtype=torch.long, device=DEVICE)
+        mask[0, :7] = 0
+    torch.library.opcheck(tp._attention_op, (q, k, v, g, cu, mask, D ** -0.5),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

@@ -51,6 +51,7 @@ host synchronisation: each position carries its document's start and end.
 from __future__ import annotations
 
 import os
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -239,6 +240,56 @@ class ForgettingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dg.to(ctx.g_dtype), None, None, None
 
 
+# Under torch.compile the same kernels run as two custom ops (forward, backward), so the graph stays whole
+# around them; the backward recomputes the gate cumsums and document bounds (cheap PyTorch ops).
+@torch.library.custom_op("t2r::forgetting_attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  cu_seqlens: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+                  scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    cq, ck = _prep_c(g, attention_mask)
+    seg_start = _seg_bounds(cu_seqlens, q.shape[1])[0] if cu_seqlens is not None else None
+    return _fwd(q, k, v, cq, ck, scale, seg_start)
+
+
+@_attention_op.register_fake
+def _(q, k, v, g, cu_seqlens, attention_mask, scale):
+    B, Tq, HQ, _ = q.shape
+    return q.new_empty(B, Tq, HQ, v.shape[-1]), q.new_empty(B, HQ, Tq, dtype=torch.float32)
+
+
+@torch.library.custom_op("t2r::forgetting_attention_backward", mutates_args=())
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                           cu_seqlens: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+                           o: torch.Tensor, rowb: torch.Tensor, do: torch.Tensor,
+                           scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, ck = _prep_c(g, attention_mask)
+    seg_start = seg_end = None
+    if cu_seqlens is not None:
+        seg_start, seg_end = _seg_bounds(cu_seqlens, q.shape[1])
+    dq, dk, dv, dg = _bwd(_last_contig(do), q, k, v, o, ck, rowb, scale, seg_start, seg_end)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dg.to(g.dtype).contiguous()
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, g, cu_seqlens, attention_mask, o, rowb, do, scale):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, g))
+
+
+def _attention_op_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:6], *output)
+    ctx.scale = inputs[6]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _attention_op_backward(ctx, do, _):
+    q, k, v, g, cu_seqlens, attention_mask, o, rowb = ctx.saved_tensors
+    return (*_attention_backward_op(q, k, v, g, cu_seqlens, attention_mask, o, rowb, do, ctx.scale),
+            None, None, None)
+
+
+_attention_op.register_autograd(_attention_op_backward, setup_context=_attention_op_setup)
+
+
 def supports(q, k, v, g, cu_seqlens=None, attention_mask=None) -> bool:
     """Whether the Triton kernel handles this call (else use the PyTorch op)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or g.dim() != 3:
@@ -266,7 +317,6 @@ def supports(q, k, v, g, cu_seqlens=None, attention_mask=None) -> bool:
     return True
 
 
-@torch.compiler.disable  # opaque to torch.compile: see t2r/ops/backend.py
 def parallel_forgetting_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -300,4 +350,7 @@ def parallel_forgetting_attention_triton(
         )
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if torch.compiler.is_compiling():
+        return _attention_op(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), cu_seqlens,
+                             attention_mask, float(scale))[0]
     return ForgettingAttentionFunction.apply(q, k, v, g, float(scale), cu_seqlens, attention_mask)
