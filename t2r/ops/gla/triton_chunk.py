@@ -84,11 +84,12 @@ def _segment_buffers(n: int, K: int, V: int, device):
             torch.empty(n, K, dtype=torch.float32, device=device))
 
 
-def _states(k, v, g, h0, cu_seqlens, scalar, BT):
-    """(h, ht): the state entering every chunk and the final state (`_fwd_h_kernel`)."""
+def _states(k, v, g, h0, cu_seqlens, scalar, BT, chunks=None):
+    """(h, ht): the state entering every chunk and the final state (`_fwd_h_kernel`). `chunks`: what
+    `prepare_chunks` gives for these sizes, if the caller has it (with cu_seqlens it reads the device)."""
     B, T, H, K = k.shape
     V = v.shape[3]
-    N, NT, _, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
+    N, NT, _, chunk_offsets = chunks or prepare_chunks(B, T, BT, cu_seqlens)
     BK, BV = _blocks(K, V)
     h = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device)
@@ -106,8 +107,9 @@ def _states(k, v, g, h0, cu_seqlens, scalar, BT):
 def _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, BT, BS):
     B, T, HQ, K = q.shape
     H, V = v.shape[2], v.shape[3]
-    _, NT, chunk_indices, _ = prepare_chunks(B, T, BT, cu_seqlens)
-    h, ht = _states(k, v, g, h0, cu_seqlens, scalar, BT)
+    chunks = prepare_chunks(B, T, BT, cu_seqlens)
+    NT, chunk_indices = chunks[1], chunks[2]
+    h, ht = _states(k, v, g, h0, cu_seqlens, scalar, BT, chunks)
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=v.device)
     cap = 128 if q.element_size() == 2 else 64   # fp32 tiles: half the size (shared memory)
     BKo = min(cap, max(16, next_pow2(K)))

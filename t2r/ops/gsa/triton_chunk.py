@@ -134,11 +134,13 @@ def _segment_buffers(n: int, K: int, V: int, M: int, device):
     return torch.empty(n, K, M, **f32), torch.empty(n, M, V, **f32), torch.empty(n, M, **f32)
 
 
-def _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens):
-    """(hk, hv, htk, htv): key and value slot memories entering every chunk, and the final ones (or None)."""
+def _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens, chunks=None):
+    """(hk, hv, htk, htv): key and value slot memories entering every chunk, and the final ones (or None).
+    `chunks`: what `prepare_chunks` gives for these sizes, if the caller has it (with cu_seqlens it reads the
+    device)."""
     B, T, HQ, K = q.shape
     H, V, M = k.shape[2], v.shape[3], s.shape[3]
-    N, NTT, _, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
+    N, NTT, _, chunk_offsets = chunks or prepare_chunks(B, T, BT, cu_seqlens)
     BM = _tile(M)
     BKs, BVs = _split(K), _split(V)
     NK, NV = triton.cdiv(K, BKs), triton.cdiv(V, BVs)
@@ -168,7 +170,8 @@ def _fwd(q, k, v, s, g, scale, h0k, h0v, output_final_state, cu_seqlens):
     N, NTT, chunk_indices, chunk_offsets = prepare_chunks(B, T, BT, cu_seqlens)
     BKf, BVf, BM = _tile(K), _tile(V), _tile(M)
     BD = max(BKf, BVf)
-    hk, hv, htk, htv = _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens)
+    hk, hv, htk, htv = _states(q, k, v, s, g, h0k, h0v, output_final_state, cu_seqlens,
+                               (N, NTT, chunk_indices, chunk_offsets))
     o = torch.empty(B, T, HQ, V, dtype=v.dtype, device=q.device)
     z = torch.empty(B, T, HQ, M, dtype=torch.float32, device=q.device)
     p = torch.empty(B, T, HQ, M, dtype=q.dtype, device=q.device)
@@ -315,8 +318,8 @@ def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
                        htk: torch.Tensor, htv: torch.Tensor, z: torch.Tensor, p: torch.Tensor, flags: torch.Tensor,
                        steep: torch.Tensor, do: torch.Tensor, dhtk: torch.Tensor, dhtv: torch.Tensor,
                        scale: float) -> _Tensors7:
-    hk, hv, _, _ = _states(q, k, v, s, g, h0k, h0v, False, cu_seqlens)
     chunks = prepare_chunks(q.shape[0], q.shape[1], BT, cu_seqlens)
+    hk, hv, _, _ = _states(q, k, v, s, g, h0k, h0v, False, cu_seqlens, chunks)
     dq, dk, dv, ds, dg, dh0k, dh0v = _bwd(
         q, k, v, s, g, scale, z, p, hk, hv, do.contiguous(), dhtk.contiguous(), dhtv.contiguous(), htk, htv,
         h0k is not None, cu_seqlens, chunks, (flags, steep, _steep_programs(flags.numel(), q.device)))
