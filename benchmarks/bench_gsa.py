@@ -126,6 +126,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     dev_name = torch.cuda.get_device_name()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"gsa_{dev_name.lower().replace('nvidia ', '').split()[0]}.md")
+
+    def save():  # after every row: a run cut by a time limit keeps what it measured
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
     lines = [f"# GSA kernels on {dev_name}", "",
              f"torch {torch.__version__}, triton {triton.__version__}; bf16, M = {M} slots, "
              "median of do_bench; command: `python benchmarks/bench_gsa.py" + (" --sweep" if args.sweep else "") + "`",
@@ -141,6 +148,7 @@ def main():
                  f"max rel err {err:.2e} (o, dq, dk, dv, ds, dg = {', '.join(f'{e:.1e}' for e in errs)})")
     lines.append("")
     print("\n".join(lines), flush=True)
+    save()
 
     if args.sweep:
         base = dict(tc.CONFIGS)
@@ -153,6 +161,7 @@ def main():
             f, fb = fwd_and_fwdbwd(ours, make(4, 4096, 32, 8, 128))
             lines.append(f"| {ov or 'shipped'} | {err:.2e} | {f:.3f} | {fb:.3f} |")
             print(lines[-1], flush=True)
+            save()
         tc.CONFIGS.clear()
         tc.CONFIGS.update(base)
         lines.append("")
@@ -175,6 +184,7 @@ def main():
                 fla_col = f"failed ({type(e).__name__})"
         lines.append(f"| {name} | {f:.3f} / {fb:.3f} | {sf:.3f} / {sfb:.3f} | {fla_col} |")
         print(lines[-1], flush=True)
+        save()
         del a, qs, ks, vs
         torch.cuda.empty_cache()
 
@@ -199,14 +209,10 @@ def main():
         t_sdpa = bench(lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True))
         lines.append(f"| {name.split(' B')[0]} HQ{HQ} H{H} D{D} | {t_ours:.4f} | {t_fla} | {t_sdpa:.4f} |")
         print(lines[-1], flush=True)
+        save()
 
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    tag = dev_name.lower().replace("nvidia ", "").split()[0]
-    path = os.path.join(args.out, f"gsa_{tag}.md")
-    with open(path, "w") as f:
-        f.write(text)
+    print("\n".join(lines))
+    save()
     print("wrote", path)
 
 
