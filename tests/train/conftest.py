@@ -58,3 +58,10 @@ def recipe(tmp_path, source_dir, corpus, run="run", **overrides):
 
 def final_weights(recipe_):
     return load_file(f"{recipe_.checkpoint.dir}/final/model.safetensors")
+
+
+def torchrun_failure(stderr: str) -> str:
+    """What a failed torchrun printed: every line naming an error, from any rank (the rank that failed first
+    is often far from the end, behind the others' teardown), then the tail."""
+    errors = [line for line in stderr.splitlines() if "Error" in line or "error:" in line][:60]
+    return "torchrun failed; error lines:\n" + "\n".join(errors) + "\n--- last 3000 characters ---\n" + stderr[-3000:]

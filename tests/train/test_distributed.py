@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from t2r.train import finetune
-from tests.train.conftest import recipe
+from tests.train.conftest import recipe, torchrun_failure
 
 
 def test_two_processes_equal_one(tmp_path, source_dir, corpus):
@@ -26,7 +26,7 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus):
            *[f"{k}={v}" for k, v in overrides.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+        pytest.fail(torchrun_failure(done.stderr))
     assert "x 2 processes per step" in done.stdout + done.stderr
     a = load_file(tmp_path / "single" / "final" / "model.safetensors")
     b = load_file(tmp_path / "ddp" / "final" / "model.safetensors")
@@ -42,7 +42,7 @@ def torchrun_finetune(config, overrides: dict, *extra: str, port: int = 29519):
            "-m", "t2r.cli", "finetune", "--config", str(config), *[f"{k}={v}" for k, v in overrides.items()], *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+        pytest.fail(torchrun_failure(done.stderr))
 
 
 @pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])

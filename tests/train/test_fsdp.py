@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.train import fsdp_worker
+from tests.train.conftest import torchrun_failure
 
 
 def test_fully_sharded_training_equals_one_process(tmp_path):
@@ -20,7 +21,7 @@ def test_fully_sharded_training_equals_one_process(tmp_path):
            "-m", "tests.train.fsdp_worker", str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+        pytest.fail(torchrun_failure(done.stderr))
     for name in fsdp_worker.CASES:
         one, two = (load_file(tmp_path / f"{name}-{w}.safetensors") for w in (1, 2))
         assert one.keys() == two.keys()
@@ -41,7 +42,7 @@ def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, 
            "-m", "tests.train.ram_efficient_worker", str(tmp_path), str(source_dir), str(corpus)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+        pytest.fail(torchrun_failure(done.stderr))
     main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert main["student_reused_abs_sum"] > 0 and other["student_reused_abs_sum"] == 0  # rank 1 read no weights
     assert main["mixers"] == other["mixers"] and main["mixers"].count("softmax") == 1

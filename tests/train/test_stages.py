@@ -14,7 +14,7 @@ from t2r.train import CheckpointError, Interrupt, finetune, load_recipe
 from t2r.train import checkpoint as ckpt
 from t2r.train.recipe import RecipeError
 from t2r.train.stages import describe
-from tests.train.conftest import final_weights, recipe
+from tests.train.conftest import final_weights, recipe, torchrun_failure
 
 ALIGN = {"name": "align", "loss": "attention_mse", "steps": 2, "lr": 1.0e-3, "warmup_steps": 0,
          "schedule": "constant", "trainable": "gates"}
@@ -243,7 +243,7 @@ def test_two_processes_run_the_stages_like_one(tmp_path, source_dir, corpus):
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"), *[f"{k}={v}" for k, v in args.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        pytest.fail(f"torchrun failed:\n{done.stderr[-3000:]}")
+        pytest.fail(torchrun_failure(done.stderr))
     assert "stage 1/3 align" in done.stdout and "x 2 processes per step" in done.stdout
     a = load_file(tmp_path / "single" / "final" / "model.safetensors")
     b = load_file(tmp_path / "ddp" / "final" / "model.safetensors")
