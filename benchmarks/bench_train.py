@@ -1,10 +1,11 @@
 """Whole-model training throughput, converted vs original, side by side in one run.
 
 The same loop for every contender (`t2r.eval.train_bench.training_steps`, which `t2r bench --train` runs too):
-fp32 master weights, bf16 autocast (on CUDA), fused AdamW, forward with labels, backward, step. A fixed number of tokens per step (`--tokens-per-step`) split into rows of `context`
-tokens; `--warmup` steps (Triton compiles, allocator) before `--steps` timed ones. Random weights with the shape
-of a real model (speed does not depend on their values). Prints a table and writes it, with the device and the
-command, to benchmarks/results/train_<device>.md.
+fp32 master weights, bf16 autocast (on CUDA), fused AdamW, forward with labels, backward, step. A fixed number
+of tokens per step (`--tokens-per-step`) split into rows of `context` tokens; `--warmup` steps (Triton compiles,
+allocator) before `--steps` timed ones. Random weights with the shape of a real model (speed does not depend on
+their values). Prints a table and writes it, with the device and the command, to
+benchmarks/results/train_<device>.md.
 
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 8192 16384
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --modes eager compiled   # both, side by side
@@ -92,8 +93,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     header = [f"Training step, {args.shape} shape (random weights), fp32 weights + bf16 autocast, fused AdamW, "
               f"{args.tokens_per_step} tokens per step, gradient checkpointing "
-              f"{'on' if args.gradient_checkpointing else 'off'}; "
-              f"device: {name}",
+              f"{'on' if args.gradient_checkpointing else 'off'}; device: {name}",
               f"torch {torch.__version__}, transformers {transformers.__version__}; median of {args.steps} steps "
               f"after {args.warmup}; x source: against the source run the same way (eager or compiled)", "",
               "| model | " + " | ".join(f"{c // 1024}K tokens/s | x source | peak GiB" if c % 1024 == 0 else

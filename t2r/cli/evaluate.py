@@ -65,8 +65,6 @@ def check_bench_flags(args) -> None:
 
 
 def run_bench(args) -> int:
-    from dataclasses import asdict
-
     check_bench_flags(args)
     check_model_spec(args.model)
     check_model_spec(args.baseline)
@@ -87,25 +85,31 @@ def run_bench(args) -> int:
                                       allow_beyond=True,  # speed and memory, whatever the quality there
                                       decode=args.decode)
     table = bench.format_table(rows)
-    print(f"{device}, {dtype}, {args.decode} decode\n{table}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {device}, {dtype}, {args.decode} decode"
-                                      f"\n\n{table}\n")
-        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-        try:
-            paths = bench.plot(rows, out)
-            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, " + ", ".join(str(p) for p in paths))
-        except ImportError as err:
-            print(f"plots skipped: {err}")
+    print_and_write(args.out, f"{device}, {dtype}, {args.decode} decode", table, rows, bench.plot)
     return 0
+
+
+def print_and_write(out_dir: str | None, title: str, table: str, rows: list, plot) -> None:
+    """Print a bench table; with `out_dir`, write it (bench.md, with the command), every row (bench.json) and
+    the plots `plot(rows, out_dir)` makes."""
+    from dataclasses import asdict
+
+    print(f"{title}\n{table}")
+    if not out_dir:
+        return
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {title}\n\n{table}\n")
+    (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    try:
+        paths = plot(rows, out)
+        print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, " + ", ".join(str(p) for p in paths))
+    except ImportError as err:
+        print(f"plots skipped: {err}")
 
 
 def run_train_bench(args, device: str) -> int:
     """`t2r bench --train`: training tokens/s and peak memory, model and baseline side by side."""
-    from dataclasses import asdict
-
     from t2r.eval import load_pair
     from t2r.eval.suite import labels
     from t2r.eval.train_bench import bench_training, format_train_table, plot_training
@@ -119,16 +123,6 @@ def run_train_bench(args, device: str) -> int:
         if m is not None:
             rows += bench_training(m, name, args.contexts, tokens_per_step, steps=args.steps)
     precision = f"{dtype} weights" + (", bf16 autocast" if device.startswith("cuda") else "")
-    title = f"{device}, {precision}, {tokens_per_step} tokens per step, training"
-    table = format_train_table(rows, reference=names[1])
-    print(f"{title}\n{table}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.md").write_text(f"`t2r {' '.join(sys.argv[1:])}` on {title}\n\n{table}\n")
-        (out / "bench.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-        try:
-            print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {plot_training(rows, out)}")
-        except ImportError as err:
-            print(f"plots skipped: {err}")
+    print_and_write(args.out, f"{device}, {precision}, {tokens_per_step} tokens per step, training",
+                    format_train_table(rows, reference=names[1]), rows, plot_training)
     return 0

@@ -122,6 +122,18 @@ def _is_oom(error: BaseException) -> bool:
         isinstance(error, RuntimeError) and ("out of memory" in message or "allocat" in message))
 
 
+def failure_status(error: BaseException) -> str:
+    """A failed cell's status: "OOM", or "error: <type>: <first line of the message>"."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return "OOM" if _is_oom(error) else f"error: {type(error).__name__}: {first_line[:100]}"
+
+
+def random_ids(vocab: int, batch: int, context: int, seed: int, device) -> torch.Tensor:
+    """[batch, context] token ids in [10, vocab) (past the special tokens) from `seed`, the same for every model."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
+
+
 def has_position_limit(config) -> bool:
     """True for models with softmax (or FoX) layers; all-recurrent converted models have no length limit."""
     mixers = getattr(config, "t2r_mixers", None)
@@ -183,14 +195,13 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
         if limit is not None and context > limit and not allow_beyond:
             row.status = "beyond max_position_embeddings"
             continue
-        generator = torch.Generator().manual_seed(seed)
-        input_ids = torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
+        input_ids = random_ids(vocab, batch, context, seed, device)
         try:
             measure(model, input_ids, decode_tokens, warmup, repeats, row)
         except Exception as error:  # one failing cell must not end the sweep
             first_line = (str(error).strip().splitlines() or [""])[0]
-            status = ("OOM" if _is_oom(error) else first_line[:100] if decode == "static" and "static decoding" in first_line
-                      else f"error: {type(error).__name__}: {first_line[:100]}")
+            status = (first_line[:100] if decode == "static" and "static decoding" in first_line and not _is_oom(error)
+                      else failure_status(error))
             rows[-1] = row = BenchRow(label, int(context), int(batch), weights_bytes=weights, status=status)
         del input_ids
         if row.status != "ok":  # the failed frames may hold tensors in cycles

@@ -23,7 +23,12 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from t2r.eval.bench import MiB, _is_oom
+from t2r.eval.bench import MiB, failure_status, random_ids
+
+
+def rows_per_step(tokens_per_step: int, context: int) -> int:
+    """Rows of `context` tokens in a step of `tokens_per_step` tokens (at least one)."""
+    return max(1, tokens_per_step // context)
 
 
 @dataclass
@@ -33,7 +38,7 @@ class TrainRow:
     model: str
     context: int
     batch: int
-    """Rows of `context` tokens per step: tokens_per_step // context (at least 1)."""
+    """Rows of `context` tokens per step (`rows_per_step`)."""
     tokens_per_s: float | None = None
     step_ms: float | None = None
     """Median milliseconds of one optimizer step (forward, backward, update)."""
@@ -52,10 +57,7 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
         raise ValueError(f"steps={steps}, warmup={warmup}: need at least one timed step and no negative warm-up")
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
-    batch = max(1, tokens_per_step // context)
-    vocab = model.config.vocab_size
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10 if vocab > 10 else 0, vocab, (batch, context), generator=generator).to(device)
+    ids = random_ids(model.config.vocab_size, rows_per_step(tokens_per_step, context), context, seed, device)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=cuda)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
@@ -83,7 +85,7 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
         del optimizer  # its states hold twice the trainable weights
         model.eval()
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
-    return statistics.median(times), batch * context, peak
+    return statistics.median(times), ids.numel(), peak
 
 
 def bench_training(model, label: str, contexts, tokens_per_step: int | None = None, warmup: int = 1,
@@ -95,16 +97,14 @@ def bench_training(model, label: str, contexts, tokens_per_step: int | None = No
     device = next(model.parameters()).device
     rows = []
     for context in tqdm(contexts, desc=f"train bench {label}", disable=None):
-        row = TrainRow(label, int(context), max(1, tokens_per_step // context))
+        row = TrainRow(label, int(context), rows_per_step(tokens_per_step, context))
         rows.append(row)
         try:
             row.step_ms, tokens, row.peak_memory_bytes = training_steps(model, context, tokens_per_step, warmup,
                                                                         steps, seed)
             row.tokens_per_s = tokens / row.step_ms * 1e3
         except Exception as error:  # one failing cell must not end the sweep
-            first_line = (str(error).strip().splitlines() or [""])[0]
-            rows[-1] = TrainRow(label, row.context, row.batch,
-                                status="OOM" if _is_oom(error) else f"error: {type(error).__name__}: {first_line[:100]}")
+            rows[-1] = TrainRow(label, row.context, row.batch, status=failure_status(error))
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -129,8 +129,9 @@ def format_train_table(rows: list[TrainRow], reference: str | None = None) -> st
     return "\n".join(lines)
 
 
-def plot_training(rows: list[TrainRow], out_dir) -> Path:
-    """Write train_vs_context.png (training tokens/s and peak MiB against context, one line per model)."""
+def plot_training(rows: list[TrainRow], out_dir) -> list[Path]:
+    """Write train_vs_context.png (training tokens/s and peak MiB against context, one line per model);
+    returns its path in a list, as `bench.plot` does."""
     from matplotlib.figure import Figure
 
     ok = [r for r in rows if r.status == "ok"]
@@ -149,4 +150,4 @@ def plot_training(rows: list[TrainRow], out_dir) -> Path:
     path = Path(out_dir) / "train_vs_context.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    return path
+    return [path]
