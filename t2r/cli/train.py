@@ -39,7 +39,7 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
           f"{recipe.grad_accum_steps(1)}x on 1 process"
           + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
           + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
-    if recipe.staged:
+    if recipe.stages is not None:
         from t2r.train.stages import describe
 
         print(describe(recipe))

@@ -1,7 +1,8 @@
 """Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints."""
 
 from .errors import CheckpointError, NonFiniteError, RunDirError, RunError
-from .loop import Interrupt, evaluate_loss, finetune, heldout_loss
+from .batches import evaluate_loss, heldout_loss
+from .loop import Interrupt, finetune
 from .recipe import Recipe, RecipeError, load_recipe, save_resolved
 
 __all__ = ["CheckpointError", "Interrupt", "NonFiniteError", "Recipe", "RecipeError", "RunDirError", "RunError",

@@ -4,7 +4,8 @@ The recipe's model is built, converted and made trainable exactly as `finetune` 
 trained for `warmup + N` optimizer steps of one micro-batch each, on the recipe's own data, in this process:
 no checkpoint, no run directory, nothing written. The median step after the warm-up gives tokens/s (per
 process); peak memory is CUDA's `max_memory_allocated` or, on CPU, the growth of the process's peak resident
-memory over what it held before the model loaded. Attention transfer is not timed (it is short and lighter).
+memory over what it held before the model loaded. The stage timed is the first with a KL loss (the teacher's
+forward makes it the heaviest), else the last; an attention-MSE part is not timed (it is short and lighter).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 
@@ -38,9 +39,10 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
-    from .loop import micro_batches, packed_loader, step_loss
+    from .batches import micro_batches, packed_loader
+    from .losses import stage_loss
     from .model_setup import build_model, place_teacher
-    from .recipe import DistillSection
+    from .optim import build_optimizer
 
     if steps < 1:
         raise ValueError(f"--measure {steps}: give at least 1 timed step")
@@ -51,8 +53,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     before = _peak_rss()
     model, tokenizer, teacher = build_model(recipe)
     train = recipe.train
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr,
-                                  betas=tuple(train.betas), weight_decay=train.weight_decay)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], train.lr, train)
     model, optimizer = accelerator.prepare(model, optimizer)
     if teacher is not None:
         place_teacher(teacher, accelerator.device)
@@ -61,16 +62,17 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
         torch.cuda.reset_peak_memory_stats()
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train"),
                             accelerator.device)
-    distill = recipe.stages.distill if not recipe.staged else (
-        DistillSection() if any(s.loss.get("kl") for s in recipe.stages) else None)  # a kl stage: time KL alone
+    stages = recipe.stage_list
+    stage = next((s for s in stages if s.loss.get("kl")), stages[-1])
+    loss_weights = {name: w for name, w in stage.loss.items() if name != "attention_mse" and w}
+    loss = stage_loss(model, teacher, None, replace(stage, loss=loss_weights or {"next_token": 1.0}),
+                      accelerator.autocast)
     times = []
     for batch in islice(batches, warmup + steps):
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        with accelerator.autocast():
-            loss = step_loss(model, batch, teacher if distill else None, distill)
-        accelerator.backward(loss)
+        accelerator.backward(loss(batch)[0])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if cuda:

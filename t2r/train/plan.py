@@ -85,10 +85,9 @@ def memory_rows(recipe, counts: Counts, world_sizes=(1, 2, 4, 8)) -> list[dict]:
     dtype_bytes = torch.tensor([], dtype=torch_dtype(recipe.model.dtype)).element_size()
     weight_bytes = 4 if train.mixed_precision != "no" else dtype_bytes
     teacher = recipe.needs_teacher
-    tokens = train.micro_batch_size * recipe.data.seq_len
-    distills = recipe.stages.distill is not None if not recipe.staged else any(s.loss.get("kl") for s in recipe.stages)
-    if recipe.staged:  # the largest micro-batch of any stage
-        tokens = max(s.micro_batch_size * s.seq_len for s in recipe.stages)
+    stages = recipe.stage_list
+    distills = any(s.loss.get("kl") for s in stages)
+    tokens = max(s.micro_batch_size * s.seq_len for s in stages)  # the largest micro-batch of any stage
     d, f, layers, vocab = counts.hidden, counts.intermediate, counts.layers, counts.vocab
     full_layer = 2 * tokens * (16 * d + 3 * f)
     activations = (layers * 2 * tokens * d + full_layer) if train.gradient_checkpointing else layers * full_layer

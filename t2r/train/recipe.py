@@ -1,16 +1,16 @@
 """Finetuning recipes: one YAML file (plus `section.field=value` overrides) -> a validated `Recipe`.
 
 Validation is generic over the dataclass fields and their type hints (`t2r.train.fields`), per-field limits
-(`RULES` on each section) and a few cross-field checks (`_check_recipe`); all of it runs before
+(`RULES` on each section) and the cross-field checks of `t2r.train.checks`; all of it runs before
 `load_recipe` returns, and every `RecipeError` names the field path and what to change.
+
+Training is a list of stages (`stages:`, run by `t2r.train.stages`); a recipe without one trains one stage
+from `train:` (next-token loss), and the older mapping form (`stages: {distill: ...}`) is read into a list.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -19,13 +19,14 @@ import yaml
 
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
-from t2r.eval.suite import HELD_OUT, EvalSettings
-from t2r.layers import MIXERS, get_mixer
-from t2r.paths import check_model_spec, is_local
+from t2r.eval.suite import EvalSettings
+from t2r.layers import MIXERS
 
-from .fields import RecipeError, build, coerce, plain, suggest
-from .stages import check_stages, find_stage
+from .checks import check_recipe, find_stage, stages_from_sections
+from .fields import RecipeError, build, plain
 
+IMPLICIT_STAGE = "train"
+"""The name of the one stage of a recipe without `stages:`."""
 
 
 class _Targets:
@@ -44,11 +45,6 @@ SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
 TRAINABLE = ("all", "attention", "gates", "lora")
 TRACKERS = ("tensorboard", "wandb")
-TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
-"""The packages accelerate looks for to run each tracker (any one of them)."""
-_LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
-_LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
-_AUTO = re.compile(r"\s*auto:\d+\s*")
 
 
 @dataclass
@@ -131,29 +127,6 @@ class LoraSection:
 
 
 @dataclass
-class AttentionTransferSection:
-    """Train the new layers to match each source attention layer's output (LoLCATs-style)."""
-
-    steps: int
-    lr: float = 1e-3
-    params: str = "attention"  # attention: q/k/v/o and the new gates; gates: the new gates only (pretrained q/k/v/o kept)
-    RULES: ClassVar[dict] = {"steps": {"min": 1}, "lr": {"gt": 0}, "params": {"choices": ("attention", "gates")}}
-
-
-@dataclass
-class DistillSection:
-    weight: float = 1.0  # loss = weight * KL(source || model) + (1 - weight) * next-token loss
-    temperature: float = 1.0
-    RULES: ClassVar[dict] = {"weight": {"min": 0, "max": 1}, "temperature": {"gt": 0}}
-
-
-@dataclass
-class StagesSection:
-    attention_transfer: AttentionTransferSection | None = None
-    distill: DistillSection | None = None
-
-
-@dataclass
 class StageSection:
     """One entry of a stage list (`t2r.train.stages`); a field left unset takes the `train:` (or `data:`) value."""
 
@@ -204,9 +177,8 @@ class Recipe:
     data: DataSection
     train: TrainSection
     lora: LoraSection | None = None
-    stages: StagesSection | list[StageSection] = field(default_factory=StagesSection)
-    """Either the fixed sections (attention_transfer before the main loop, distill in it) or a list of stages
-    run in order (`t2r.train.stages`)."""
+    stages: list[StageSection] | None = None
+    """Stages run in order (`t2r.train.stages`); none: one stage from `train:` with the next-token loss."""
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSettings | None = None
@@ -215,22 +187,25 @@ class Recipe:
     RULES: ClassVar[dict] = {"name": {"nonempty": True}}
 
     @property
-    def staged(self) -> bool:
-        """True for a list of stages."""
-        return isinstance(self.stages, list)
+    def stage_list(self) -> list[StageSection]:
+        """The stages this recipe trains: its own list, or the one stage `train:` describes (unnamed in
+        checkpoints and metrics, as recipes without stages always were)."""
+        if self.stages is not None:
+            return self.stages
+        train = self.train
+        return [StageSection(name=IMPLICIT_STAGE, loss={"next_token": 1.0}, steps=train.max_steps,
+                             tokens=train.max_tokens, lr=train.lr, warmup_steps=train.warmup_steps,
+                             schedule=train.schedule, min_lr_ratio=train.min_lr_ratio, trainable=train.trainable,
+                             seq_len=self.data.seq_len, micro_batch_size=train.micro_batch_size)]
 
     @property
     def needs_teacher(self) -> bool:
         """True when some stage compares against the unconverted source (kl, attention MSE)."""
-        if self.staged:
-            return any(set(stage.loss) & {"kl", "attention_mse"} for stage in self.stages)
-        return self.stages.distill is not None or self.stages.attention_transfer is not None
+        return any(set(stage.loss) & {"kl", "attention_mse"} for stage in self.stage_list)
 
     @property
     def total_steps(self) -> int:
-        if self.staged:
-            return sum(stage.num_steps(self.train.tokens_per_step) for stage in self.stages)
-        return self.train.total_steps
+        return sum(stage.num_steps(self.train.tokens_per_step) for stage in self.stage_list)
 
     def grad_accum_steps(self, num_processes: int = 1) -> int:
         """Micro-batches per optimizer step on each of `num_processes` devices."""
@@ -248,106 +223,15 @@ class Recipe:
         return plain(self)
 
 
-
-
-def _installed(package: str) -> bool:
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):  # a parent that is not a package; a module without a spec
-        return False
-
-
-def check_gates(recipe: Recipe, where: str) -> None:
-    """`trainable: gates` needs a target that adds gates (or a window, whose gain counts, even in retnet)."""
-    convert = recipe.convert
-    windowed = bool((convert.options or {}).get("window"))
-    if convert.target == "none" or not (get_mixer(convert.target).adds_parameters or windowed):
-        raise RecipeError(f"{where}: 'gates' trains the new gates, and target {convert.target!r} adds none; "
-                          f"use {where}=attention or all")
-
-
-def _check_recipe(recipe: Recipe, check_files: bool) -> None:
-    train, convert = recipe.train, recipe.convert
-    if (train.max_steps is None) == (train.max_tokens is None) and not (recipe.staged and train.max_steps is None):
-        got = "both" if train.max_steps is not None else "neither"
-        raise RecipeError(f"train.max_steps / train.max_tokens: set exactly one of them (got {got})")
-    if train.max_tokens is not None and train.max_tokens < train.tokens_per_step:
-        raise RecipeError(f"train.max_tokens: {train.max_tokens} is less than one step "
-                          f"(train.tokens_per_step={train.tokens_per_step})")
-    recipe.grad_accum_steps(1)  # tokens_per_step must split into whole micro-batches
-    if recipe.model.dtype == "float16" and train.mixed_precision == "no":
-        raise RecipeError("model.dtype: float16 weights trained without mixed precision overflow (the loss is nan "
-                          "after the first update); use model.dtype=bfloat16 or float32, or train.mixed_precision=fp16 "
-                          "(fp32 master weights)")
-    if train.trainable == "lora" and recipe.lora is None:
-        raise RecipeError("lora: missing; train.trainable=lora needs a lora section (e.g. lora.r=16)")
-    if train.trainable != "lora" and recipe.lora is not None:
-        raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
-                          "set train.trainable=lora or remove the lora section")
-    if convert.init == "teacher" and convert.target not in ("gla", "fox"):
-        raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
-                          "have (supported: gla, fox); use convert.init=default")
-    if train.trainable == "gates":
-        check_gates(recipe, "train.trainable")
-    if convert.target == "none":
-        for bad, what in ((convert.layers is not None, "convert.layers"), (bool(convert.options), "convert.options"),
-                          (not recipe.staged and recipe.stages.attention_transfer is not None,
-                           "stages.attention_transfer")):
-            if bad:
-                raise RecipeError(f"{what}: needs converted layers, but convert.target is 'none' (baseline)")
-    else:
-        if convert.layers is not None and not (_LAYERS.fullmatch(convert.layers) or _AUTO.fullmatch(convert.layers)):
-            raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1' or "
-                              "'auto:N' (keep the N most sensitive layers softmax)")
-        spec = get_mixer(convert.target)
-        hints = typing.get_type_hints(spec.options)
-        for key, value in convert.options.items():
-            if key not in hints:
-                owners = [name for name, other in MIXERS.items() if key in other.options.field_names()]
-                if owners:
-                    raise RecipeError(f"convert.options.{key}: an option of {', '.join(owners)}, not of "
-                                      f"{convert.target}; remove it, or set convert.options={{}} for its defaults")
-                raise RecipeError(f"convert.options.{key}: unknown option{suggest(key, list(hints))}")
-            convert.options[key] = coerce(value, hints[key], f"convert.options.{key}")
-        try:
-            spec.resolve_options(**convert.options)
-        except (ValueError, TypeError) as err:
-            raise RecipeError(f"convert.options: {err}") from None
-    if recipe.staged:
-        check_stages(recipe)
-    for tracker in recipe.logging.trackers:  # accelerate would only warn, then log nothing
-        if not any(map(_installed, TRACKER_PACKAGES[tracker])):
-            raise RecipeError(f"logging.trackers: {tracker} is not installed (pip install {tracker}); or remove it: "
-                              "metrics.jsonl and loss.png hold the curves")
-    if recipe.eval is not None:
-        if recipe.eval.data == HELD_OUT and not recipe.data.held_out:
-            raise RecipeError(f"eval.data: {HELD_OUT!r} scores the recipe's held-out documents; set data.held_out "
-                              "to a number of documents (e.g. 16)")
-        try:
-            recipe.eval.harness_specs()  # lm-eval task names, checked against the installed index
-        except (ValueError, ImportError) as err:
-            raise RecipeError(f"eval: {err}") from None
-    if check_files:
-        from t2r.data.documents import local_files
-
-        try:  # one rule for local paths vs hub ids (t2r.paths): a missing local path fails here, by name
-            check_model_spec(recipe.model.source)
-        except FileNotFoundError as err:
-            raise RecipeError(f"model.source: {err}") from None
-        try:
-            if is_local(recipe.data.path):
-                local_files(os.path.expanduser(recipe.data.path))  # a supported format, as the loader reads it
-        except (FileNotFoundError, ValueError) as err:
-            raise RecipeError(f"data.path: {err}") from None
-
-
 def recipe_from_dict(data: dict, check_files: bool = True) -> Recipe:
     """Validate a plain mapping (as read from YAML) into a Recipe."""
     if not isinstance(data, dict):
         raise RecipeError(f"recipe: expected a mapping of sections, got {type(data).__name__}")
+    if isinstance(data.get("stages"), dict):  # the older mapping form, with the same meaning
+        data = {**data, "stages": stages_from_sections(data["stages"], data)}
     recipe = build(Recipe, data)
     recipe.checkpoint.dir = recipe.checkpoint.dir.replace("{name}", recipe.name)
-    _check_recipe(recipe, check_files)
+    check_recipe(recipe, check_files)
     return recipe
 
 

@@ -51,6 +51,8 @@ def compare(recipe, found: Path, log: Callable[[str], None] = print) -> list[dic
     """The applied changes `[{field, from, to}]` of `recipe` against the one `found` was trained with;
     CheckpointError listing the fields that may not change."""
     stored = yaml.safe_load((found / "recipe.yaml").read_text())
+    if isinstance(stored.get("stages"), dict) and not any(stored["stages"].values()):
+        stored["stages"] = None  # the older mapping form with no stage set: a recipe without stages
     current = yaml.safe_load(yaml.safe_dump(recipe.to_dict(), sort_keys=False))  # tuples as lists, like stored
     check_stage_list(stored.get("stages"), current.get("stages"), found)
     changes = differences(stored, current)
@@ -68,7 +70,7 @@ def compare(recipe, found: Path, log: Callable[[str], None] = print) -> list[dic
 
 def _by_name(stages) -> dict:
     if not isinstance(stages, list):
-        return {"(stages as sections, not a list)": stages}
+        return {"(no stage list: one stage from train:)": stages}
     return {str(stage.get("name", i)): stage for i, stage in enumerate(stages)}
 
 

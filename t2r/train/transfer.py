@@ -1,28 +1,21 @@
-"""Attention transfer (stage 1 of LoLCATs, Zhang et al. 2024): before any next-token training, each
-converted attention layer learns to reproduce the output of the softmax attention it replaced, on
-the source model's own hidden states. All layers train at once and independently:
+"""Attention transfer (stage 1 of LoLCATs, Zhang et al. 2024), the `attention_mse` loss of a stage: each
+converted attention layer learns to reproduce the output of the softmax attention it replaced, on the
+source model's own hidden states. All layers train at once and independently:
 
     loss = mean over converted layers l of  MSE( student_l(x_l), teacher_l(x_l) )
 
-where x_l is the input of layer l's attention in the (frozen) source model, captured by a forward
-hook. Only the converted attention modules' trainable parameters move (all of them, or with
-`params="gates"` only the modules conversion added, so the pretrained q/k/v/o stay as they are);
-one optimizer, its own lr.
+where x_l is the input of layer l's attention in the (frozen) source model, captured by a forward hook.
+Which parameters move is the stage's `trainable` (attention: q/k/v/o and the gates; gates: only what
+conversion added).
 """
 
 from __future__ import annotations
-
-import contextlib
-from itertools import islice
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from t2r.layers.base import ConvertedAttention
-
-from .model_setup import new_modules
 
 # the inputs of a converted attention module (positions: a window restarts at each packed document); the softmax
 # mask and the KV cache stay with the teacher
@@ -42,49 +35,6 @@ def _decoder_layers(model: nn.Module):
         if isinstance(layers, nn.ModuleList):
             return layers
     raise ValueError(f"{type(model).__name__}: no decoder layers found")
-
-
-def attention_transfer(student: nn.Module, teacher: nn.Module, batches: Iterable[dict], steps: int, lr: float,
-                       reduce_grads=None, on_step=None, params: str = "attention", autocast=None) -> list[float]:
-    """Train the converted attention layers of `student` to match `teacher`'s attention outputs for
-    `steps` batches; returns the loss of each step. `reduce_grads(tensor)` (e.g. a mean over data-
-    parallel processes) is applied to every gradient before the update. `autocast()` (mixed precision)
-    is entered for each step's forward and backward, never around several steps: autocast keeps its
-    low-precision copies of the weights until its outermost context exits, so later steps would compute
-    with the starting weights and never see their own updates."""
-    autocast = autocast or contextlib.nullcontext
-    pairs = layer_pairs(student, teacher)
-    if not pairs:
-        raise ValueError("stages.attention_transfer: the model has no converted layers")
-    if params not in ("attention", "gates"):
-        raise ValueError(f"stages.attention_transfer.params: {params!r}; choose attention or gates")
-    modules = [s if params == "attention" else new_modules(s) for _, s, _ in pairs]
-    params = [p for m in modules for p in m.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("stages.attention_transfer: no trainable parameter in the converted attention layers "
-                         "(train.trainable freezes them all, or params=gates on a mixer without gates)")
-    targets = AttentionTargets(student, teacher, pairs)
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    losses = []
-    try:
-        for batch in islice(batches, steps):
-            with autocast():
-                with torch.no_grad():
-                    teacher(**{k: v for k, v in batch.items() if k != "labels"})
-                loss = targets.mse()
-                loss.backward()
-            if reduce_grads is not None:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad = reduce_grads(p.grad)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            if on_step is not None:
-                on_step(len(losses), losses[-1])
-    finally:
-        targets.close()
-    return losses
 
 
 class AttentionTargets:

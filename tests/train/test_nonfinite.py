@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import t2r.train.loop as loop
+import t2r.train.stages as stages
 from t2r.cli import main
 from t2r.train import NonFiniteError, finetune
 from t2r.train import checkpoint as ckpt
@@ -19,15 +19,20 @@ from tests.train.conftest import recipe
 def inject_nan(monkeypatch, steps):
     """The loss of every micro-batch of optimizer steps `steps` (1-based) becomes nan (so do the gradients)."""
     calls = {"n": 0}
-    real = loop.step_loss
+    real = stages.stage_loss
 
-    def poisoned(model, batch, *args, **kwargs):
-        loss = real(model, batch, *args, **kwargs)
-        calls["n"] += 1
-        step = (calls["n"] - 1) // 2 + 1  # the default recipe accumulates 2 micro-batches per step
-        return loss * float("nan") if step in steps else loss
+    def poisoned_stage_loss(*args, **kwargs):
+        loss = real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "step_loss", poisoned)
+        def poisoned(batch):
+            total, parts = loss(batch)
+            calls["n"] += 1
+            step = (calls["n"] - 1) // 2 + 1  # the default recipe accumulates 2 micro-batches per step
+            return (total * float("nan"), parts) if step in steps else (total, parts)
+
+        return poisoned
+
+    monkeypatch.setattr(stages, "stage_loss", poisoned_stage_loss)
 
 
 def test_a_few_nan_steps_are_skipped_and_change_nothing(tmp_path, source_dir, corpus, monkeypatch):

@@ -65,7 +65,7 @@ def test_gsa_paper_settings(stem, source, target, tokens):
     assert t.max_tokens == tokens and isinstance(t.max_tokens, int) and t.max_steps is None
     assert r.total_steps == tokens // 2_097_152 == {20: 9536, 100: 47683}[tokens // 10**9]
     assert (t.trainable, t.mixed_precision, t.gradient_checkpointing) == ("all", "bf16", True)
-    assert r.lora is None and r.stages.attention_transfer is None and r.stages.distill is None
+    assert r.lora is None and r.stages is None and [s.loss for s in r.stage_list] == [{"next_token": 1.0}]
     assert r.grad_accum_steps(8) == 1024 // (8 * t.micro_batch_size)
 
 
@@ -95,7 +95,7 @@ def test_defaults_and_override_types(wandb_installed):
     assert r.convert.options == {"num_slots": 32} and r.convert.layers == "0-11,15"
     assert r.logging.trackers == ["wandb"] and r.train.grad_clip is None
     assert r.train.max_steps == 20000 and isinstance(r.train.max_steps, int)
-    assert r.stages.distill.weight == 0.5 and r.stages.distill.temperature == 1.0
+    assert [(s.name, s.loss, s.temperature) for s in r.stages] == [("distill", {"kl": 0.5, "next_token": 0.5}, 1.0)]
     assert r.data.streaming is True and r.checkpoint.dir == "runs/run1"
     assert make("train.lr=1").train.lr == 1.0 and isinstance(make("train.lr=1").train.lr, float)
     lora = make("lora.r=8", "train.trainable=lora", "lora.target_modules=[q_proj,v_proj]").lora
@@ -132,9 +132,11 @@ def test_defaults_and_override_types(wandb_installed):
     (["train.tokens_per_step=3000"], "train.tokens_per_step: 3000 tokens is not a positive multiple of data.seq_len (2048)"),
     (["train.lr=0"], "train.lr: must be > 0"),
     (["convert.target=none", "convert.options.num_slots=8"], "convert.options: needs converted layers"),
-    (["convert.target=none", "stages.attention_transfer.steps=10"], "stages.attention_transfer: needs converted"),
+    (["convert.target=none", "stages.distill.weight=1"], "stages[0] (distill).loss: kl compares against the"),
     (["convert.target=retnet", "train.trainable=gates"], "train.trainable: 'gates' trains the new gates"),
-    (["stages.attention_transfer.lr=1"], "stages.attention_transfer.steps: missing required field"),
+    (["stages.attention_transfer.steps=10"], "stages.attention_transfer: the mapping form of stages is read into"),
+    (["stages.distill.weight=2"], "stages.distill.weight: expected a number in [0, 1], got 2"),
+    (["stages.distil.weight=1"], "stages.distil: unknown section; did you mean 'distill'?"),
     (["convert.options.feature_map=tanh"], "convert.options: feature_map='tanh' is not one of"),
     (["convert.options.num_slots=many"], "convert.options.num_slots: expected an integer, got 'many'"),
     (["convert.layers=first"], "convert.layers: 'first' is not a layer list"),
@@ -170,7 +172,7 @@ def test_missing_required_and_file_checks(tmp_path):
 
 def test_round_trip_through_save_resolved(tmp_path, wandb_installed):
     r = make("train.lr=1e-4", "lora.r=8", "train.trainable=lora", "convert.options.num_slots=16",
-             "stages.attention_transfer.steps=50", "stages.distill.temperature=2", "logging.trackers=[wandb]")
+             "stages.distill.temperature=2", "logging.trackers=[wandb]")
     path = save_resolved(r, tmp_path / "out")
     assert path == tmp_path / "out" / "recipe.yaml"
     saved = yaml.safe_load(path.read_text())

@@ -152,17 +152,30 @@ def test_resume_refuses_a_changed_stage_list(tmp_path, source_dir, corpus, strai
     with pytest.raises(CheckpointError, match="stage order: align, distill, finetune -> align, finetune, distill"):
         finetune(reordered, resume=True)
     legacy = recipe(tmp_path, source_dir, corpus, run="run", **{"train.max_steps": 8})
-    with pytest.raises(CheckpointError, match=r"stages.\(stages as sections, not a list\)"):
+    with pytest.raises(CheckpointError, match=r"stages.\(no stage list: one stage from train:\)"):
         finetune(legacy, resume=True)
 
 
-def test_the_legacy_sections_still_load_and_run(tmp_path, source_dir, corpus):
-    r = recipe(tmp_path, source_dir, corpus, run="legacy", **{"stages.attention_transfer.steps": 2,
-                                                               "stages.distill.weight": 0.5, "train.max_steps": 2})
-    assert not r.staged and r.needs_teacher and r.total_steps == 2
+def test_the_mapping_form_reads_into_a_stage_list(tmp_path, source_dir, corpus):
+    """`stages.distill` alone is one stage with the same loss; `stages.attention_transfer` has no stage of the same
+    meaning and is refused with the nearest list printed, which loads and runs as it stands."""
+    r = recipe(tmp_path, source_dir, corpus, run="legacy", **{"stages.distill.weight": 0.75,
+                                                               "stages.distill.temperature": 2, "train.max_steps": 2})
+    assert [(s.name, s.loss, s.temperature, s.steps, s.lr) for s in r.stages] == [
+        ("distill", {"kl": 0.75, "next_token": 0.25}, 2.0, 2, r.train.lr)]
     final = finetune(r)
-    assert final["step"] == 2 and "stage" not in final and len(final["attention_transfer_mse"]) == 2
-    assert [p.name for p in ckpt.checkpoints(r.checkpoint.dir)] == ["step-00000000", "step-00000002"]
+    assert final["step"] == 2 and final["loss_kl"] > 0 and final["loss_next_token"] > 0
+    with pytest.raises(RecipeError, match="stages.attention_transfer: the mapping form") as refused:
+        recipe(tmp_path, source_dir, corpus, run="legacy2", **{"stages.attention_transfer.steps": 4,
+                                                                "stages.attention_transfer.params": "gates",
+                                                                "stages.distill.weight": 1.0, "train.max_steps": 2})
+    listed = yaml.safe_load(str(refused.value).split("\n", 1)[1])["stages"]
+    # 4 micro-batches of 2 x 32 tokens = 2 steps of train.tokens_per_step (128)
+    assert listed == [{"name": "align", "loss": "attention_mse", "steps": 2, "lr": 1e-3, "schedule": "constant",
+                       "warmup_steps": 0, "trainable": "gates"},
+                      {"name": "distill", "loss": {"kl": 1.0}, "temperature": 1.0}]
+    migrated = staged(tmp_path, source_dir, corpus, run="migrated", stages=listed, **{"train.max_steps": 2})
+    assert finetune(migrated)["step"] == 4
 
 
 def test_resolved_stages_inherit_train_values_and_round_trip(tmp_path, source_dir, corpus):

@@ -1,0 +1,118 @@
+"""The step loop every stage runs: micro-batches accumulated into optimizer steps, non-finite steps skipped,
+metrics logged, checkpoints saved on schedule; the stage (`t2r.train.stages`) gives it the loss, optimizer and
+schedule as a `Steps`."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from . import checkpoint, logs
+from .errors import NonFiniteError
+from .guard import NonFiniteGuard, weights_finite
+from .recipe import save_resolved
+
+
+@dataclass
+class Steps:
+    """One run of optimizer steps with one loss, optimizer and schedule: the whole training of a recipe without
+    a stage list, or one stage of one. `loss(batch)` gives (loss, {part: value}); `lr_at(i)` the lr factor of
+    this run's step i (0-based); the steps count from global step `first`."""
+
+    total: int
+    loss: Callable[[dict], tuple[torch.Tensor, dict]]
+    optimizer: object
+    params: list
+    peak_lr: float
+    lr_at: Callable[[int], float]
+    batches: Iterable[dict]
+    first: int = 0
+    stage: str | None = None  # the stage's name: in rows, progress, checkpoint names and the trainer state
+    lr_field: str = "train.lr"
+    manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
+
+
+def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
+    """Train `run` from global step `state["step"]` to `run.first + run.total`, logging each step to
+    metrics.jsonl and saving checkpoints every `checkpoint.every_steps` global steps and at the run's last
+    step; `state` (step, tokens, skipped steps) is kept up to date. Returns the last step's metrics."""
+    root, world = Path(recipe.checkpoint.dir), accelerator.num_processes
+    accum, step, tokens = accelerator.gradient_accumulation_steps, state["step"], state["tokens"]
+    guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
+        f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
+    guard.total = state["skipped_steps"]
+    end = run.first + run.total
+    progress = logs.Progress(run.total, step - run.first, accelerator.is_main_process, recipe.logging.every_steps,
+                             label=run.stage or "")
+    model.train()
+    window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
+    metrics = {"step": step, "tokens": tokens}
+    for batch in run.batches:
+        if step >= end:
+            break
+        with accelerator.accumulate(model):
+            loss, parts = run.loss(batch)
+            accelerator.backward(loss)
+            window_loss += loss.detach().float().item() / accum
+            for name, value in parts.items():
+                window_parts[name] = window_parts.get(name, 0.0) + value / accum
+            window_tokens += batch["input_ids"].numel() * world
+            if accelerator.sync_gradients:
+                if world > 1:  # the mean over processes: every process then takes the same decision
+                    means = torch.tensor([window_loss, *window_parts.values()], device=accelerator.device)
+                    window_loss, *rest = accelerator.reduce(means, "mean").tolist()
+                    window_parts = dict(zip(window_parts, rest))
+                    if run.manual_grad_sync:
+                        for p in run.params:
+                            if p.grad is not None:
+                                p.grad = accelerator.reduce(p.grad, "mean")
+                grad_norm = float(accelerator.clip_grad_norm_(run.params, recipe.train.grad_clip or math.inf))
+                lr = run.peak_lr * run.lr_at(step - run.first)
+                update = guard.check(step + 1, window_loss, grad_norm)
+                if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
+                    for group in run.optimizer.param_groups:
+                        group["lr"] = lr
+                    run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        tokens += window_tokens
+        elapsed = time.perf_counter() - window_start
+        metrics = {"step": step, "tokens": tokens, "loss": logs.finite_or_none(window_loss), "lr": lr,
+                   "grad_norm": logs.finite_or_none(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+        if run.stage is not None:
+            metrics.update(stage=run.stage, stage_step=step - run.first,
+                           **{f"loss_{name}": logs.finite_or_none(value) for name, value in window_parts.items()})
+        if not update:
+            metrics["skipped"] = True
+        window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
+        progress.step({**metrics, "step": step - run.first})
+        if accelerator.is_main_process:
+            history.append(metrics)
+            logs.append_jsonl(root / "metrics.jsonl", metrics)
+        if step % recipe.logging.every_steps == 0 and recipe.logging.trackers:
+            accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        state.update(step=step, tokens=tokens, skipped_steps=guard.total)
+        if run.stage is not None:
+            state["stage_step"] = step - run.first
+        if step % recipe.checkpoint.every_steps == 0 or step == end:
+            require_finite(model, accelerator, step, root)
+            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
+                            label=run.stage)
+        for callback in callbacks:
+            callback(metrics)
+    progress.close()
+    return metrics
+
+
+def require_finite(model, accelerator, step: int, root: Path) -> None:
+    if not weights_finite(model, accelerator):
+        raise NonFiniteError(f"step {step}: the weights are no longer finite, so they were not saved; the checkpoints "
+                             f"in {root} hold the last finite ones (lower train.lr, then --resume or --overwrite)")
