@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from t2r.eval.bench import MiB, failure_status, random_ids
+from t2r.optim import build_optimizer
 
 
 def rows_per_step(tokens_per_step: int, context: int) -> int:
@@ -59,7 +60,7 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
     cuda = device.type == "cuda"
     ids = random_ids(model.config.vocab_size, rows_per_step(tokens_per_step, context), context, seed, device)
     model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=cuda)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], 1e-5, fused=cuda)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     times = []
     if cuda:

@@ -42,7 +42,7 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     from .batches import micro_batches, packed_loader
     from .losses import stage_loss
     from .model_setup import build_model, place_teacher
-    from .optim import build_optimizer
+    from t2r.optim import build_optimizer
 
     if steps < 1:
         raise ValueError(f"--measure {steps}: give at least 1 timed step")

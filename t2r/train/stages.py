@@ -22,13 +22,14 @@ from pathlib import Path
 
 import torch
 
+from t2r.optim import build_optimizer
+
 from . import checkpoint, logs
 from .batches import micro_batches, packed_loader
 from .checks import TEACHER_LOSSES
 from .errors import CheckpointError
 from .losses import stage_loss
 from .model_setup import build_model, place_teacher, select_trainable, trainable_parameters
-from .optim import build_optimizer
 from .schedule import lr_factor
 from .steps import Steps, train_steps
 from .transfer import AttentionTargets

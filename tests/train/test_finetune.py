@@ -83,7 +83,7 @@ def _align(student, teacher, batches, lr, trainable="attention", autocast=None):
 
     from t2r.train.losses import stage_loss
     from t2r.train.model_setup import new_modules
-    from t2r.train.optim import build_optimizer
+    from t2r.optim import build_optimizer
     from t2r.train.recipe import StageSection
     from t2r.train.transfer import AttentionTargets
 
