@@ -22,13 +22,13 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from t2r.ops.gla import triton_chunk as tc  # noqa: E402
+from t2r.ops.common import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
-from t2r.ops.gla.triton_recurrent import (fused_recurrent_gla_triton,  # noqa: E402
-                                          fused_recurrent_simple_gla_triton)
+from t2r.ops.gla.triton_recurrent import fused_recurrent_gla_triton  # noqa: E402
 from t2r.ops.fox.triton_parallel import parallel_forgetting_attention_triton  # noqa: E402
 from t2r.ops.gsa.triton_chunk import chunk_gsa_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
+from t2r.ops.simple_gla.triton_recurrent import fused_recurrent_simple_gla_triton  # noqa: E402
 
 try:
     from fla.ops.gla import chunk_gla as fla_chunk_gla
