@@ -15,7 +15,8 @@ A_ij = beta_i (k_i . k_j) E_ij for j < i. With the UT transform T = (I + A)^-1 d
 
 W and U' depend on the chunk alone (one triangular solve per chunk, no inverse is formed); only the
 last two lines run sequentially over chunks. Every exponent is a sum of gates, hence <= 0: masked
-before exp, nothing overflows. Padding with zeros is inert (beta = 0 writes nothing, g = 0 keeps S).
+before exp, nothing overflows; exponents that span a segment are summed over it (`_segment_decays`).
+Padding with zeros is inert (beta = 0 writes nothing, g = 0 keeps S).
 Differentiable by autograd; float64 inputs compute in float64 (for gradcheck), others in fp32.
 """
 from typing import Optional, Tuple
@@ -39,6 +40,20 @@ def _chunks(x: torch.Tensor, C: int, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(B, (T + pad) // C, C, H, *x.shape[3:]).movedim(3, 1)
 
 
+def _segment_decays(gates: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """exp(b_i - b_j) for j <= i (and for j < i), else 0: [.., C] -> two [.., C, C].
+
+    The exponent is summed directly over the segment j < s <= i rather than taken as the difference of two
+    prefix sums: the diagonal is then an exact constant 0 that sends no gradient to the gates, so the small
+    gate gradients of fast-decaying heads are not the difference of large cancelling terms."""
+    C = gates.shape[-1]
+    later = torch.ones(C, C, dtype=torch.bool, device=gates.device).tril(-1)           # [s, j]: s > j
+    segment = gates[..., :, None].expand(*gates.shape, C).masked_fill(~later, 0.0).cumsum(-2)
+    causal = later | torch.eye(C, dtype=torch.bool, device=gates.device)
+    incl = segment.masked_fill(~causal, float("-inf")).exp()
+    return incl, incl.masked_fill(~later, 0.0)
+
+
 def gated_delta_chunks(q, k, v, g, beta, *, scale: float, initial_state: Optional[torch.Tensor] = None,
                        output_final_state: bool = False, chunk_size: int = 64):
     """The chunkwise recurrence for one batch of equal-length rows (no checks); q [B,T,HQ,K], k [B,T,H,K],
@@ -50,20 +65,18 @@ def gated_delta_chunks(q, k, v, g, beta, *, scale: float, initial_state: Optiona
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc = _chunks(q.reshape(B, T, H, HQ // H, K), C, dtype) * scale        # [B,H,N,C,G,K]
     kc, vc = _chunks(k, C, dtype), _chunks(v, C, dtype)                    # [B,H,N,C,K], [B,H,N,C,V]
-    b = _chunks(g, C, dtype).cumsum(-1)                                    # [B,H,N,C]
+    gc = _chunks(g, C, dtype)                                              # [B,H,N,C]
+    b = gc.cumsum(-1)
     bc = _chunks(beta, C, dtype)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    strict = causal.tril(-1)
-    log_e = b[..., :, None] - b[..., None, :]                              # b_i - b_j
-    e_incl = log_e.masked_fill(~causal, float("-inf")).exp()
-    e_strict = log_e.masked_fill(~strict, float("-inf")).exp()
+    e_incl, e_strict = _segment_decays(gc)                                 # E_ij, j <= i and j < i
 
     a = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * e_strict          # strictly lower
     eye = torch.eye(C, dtype=dtype, device=q.device)
     unit_lower = eye + a
     w = torch.linalg.solve_triangular(unit_lower, (bc * b.exp())[..., None] * kc, upper=False, unitriangular=True)
     u_part = torch.linalg.solve_triangular(unit_lower, bc[..., None] * vc, upper=False, unitriangular=True)
-    k_to_end = kc * (b[..., -1:] - b).exp()[..., None]
+    to_end = F.pad(gc.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))       # b_C - b_j, summed from the end
+    k_to_end = kc * to_end.exp()[..., None]
     decay_chunk = b[..., -1].exp()[..., None, None]                        # [B,H,N,1,1]
 
     state = kc.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)

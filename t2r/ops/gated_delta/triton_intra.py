@@ -38,7 +38,7 @@ def _fwd_o_kernel(
     b_b = _rows(bcum, bos, i_h, i_t, T, H, BT)
     p_u = tl.make_block_ptr(u + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     b_u = tl.load(p_u, boundary_check=(0, 1))
-    b_s = b_s * _decay(b_b, False, False, BT)
+    b_s = b_s * _decay(b_b, T - i_t * BT, False, False, BT)
     b_o = (b_o * tl.exp(b_b)[:, None] + tl.dot(b_s.to(b_u.dtype), b_u)) * scale
     p_o = tl.make_block_ptr(o + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
@@ -82,12 +82,15 @@ def _bwd_dqk_kernel(
                         * tl.load(p_dh, boundary_check=(0, 1)).to(tl.float32), axis=1)
     b_kdecay = tl.where(m_t, tl.exp(b_last - b_b), 0.)
     b_dk += b_udh * b_kdecay[:, None]
-    b_kd_term = tl.sum(b_udh * b_k.to(tl.float32), axis=1) * b_kdecay
+    # exp(b_C - b_j) sends +x to db_C and -x to db_j; the last row's pair cancels exactly and is left out
+    # (summing it in would bury the small gate gradients of fast-decaying heads under its rounding)
+    is_last = o_t == tl.minimum(T, (i_t + 1) * BT) - 1
+    b_kd_term = tl.where(is_last, 0., tl.sum(b_udh * b_k.to(tl.float32), axis=1) * b_kdecay)
     b_end = tl.sum(b_kd_term, axis=0) + tl.exp(b_last) * tl.sum(b_sdh, axis=0)
-    b_db += tl.where(o_t == tl.minimum(T, (i_t + 1) * BT) - 1, b_end, 0.) - b_kd_term
+    b_db += tl.where(is_last, b_end, 0.) - b_kd_term
 
-    b_e = _decay(b_b, False, False, BT) * scale
-    b_et = _decay(b_b, False, True, BT) * scale
+    b_e = _decay(b_b, T - i_t * BT, False, False, BT) * scale
+    b_et = _decay(b_b, T - i_t * BT, False, True, BT) * scale
     for i_g in tl.static_range(G):
         i_hq = i_h * G + i_g
         p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
@@ -114,7 +117,7 @@ def _bwd_dqk_kernel(
         p_dq = tl.make_block_ptr(dq + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
         b_dk += tl.dot((b_dpt * b_et).to(b_q.dtype), b_q)
-        b_z = b_ds * tl.dot(b_q, b_kt)                               # dP_ij * P_ij: d/db_i, -d/db_j
+        b_z = tl.where(o_i[:, None] != o_i[None, :], b_ds * tl.dot(b_q, b_kt), 0.)   # dP_ij P_ij: d/db_i, -d/db_j
         b_db += tl.sum(b_z, axis=1) - tl.sum(b_z, axis=0) \
             + tl.sum(b_q.to(tl.float32) * b_dqs, axis=1) * scale * b_gamma
 

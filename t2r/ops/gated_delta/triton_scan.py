@@ -77,7 +77,7 @@ def _bwd_dh_kernel(
         b_kd = (b_k * tl.where(o_t < T, tl.exp(b_last - b_b), 0.)[:, None]).to(b_k.dtype)
         b_du = tl.dot(b_kd, b_dh.to(b_k.dtype))
         b_dq_state = tl.zeros([BK, BV], dtype=tl.float32)
-        b_decay_t = _decay(b_b, False, True, BT) * scale             # [j, i]: scale exp(b_i - b_j), i >= j
+        b_decay_t = _decay(b_b, T - i_t * BT, False, True, BT) * scale   # [j, i]: scale exp(b_i - b_j), i >= j
         for i_g in tl.static_range(G):
             i_hq = i_h * G + i_g
             p_qt = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (K, T), (1, HQ * K), (0, i_t * BT), (BK, BT), (0, 1))

@@ -26,14 +26,18 @@ def _last_row(x, bos, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _decay(b_b, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.constexpr):
-    """E_ij = exp(b_i - b_j) for j <= i (j < i if STRICT), else exactly 0 (masked before exp);
+def _decay(b_b, n_valid, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.constexpr):
+    """E_ij = exp(b_i - b_j) for j <= i (j < i if STRICT) among the first n_valid rows of the chunk, else
+    exactly 0 (masked before exp: past the sequence's end b reads 0, and exp(0 - b_j) could overflow);
     [j, i] when TRANSPOSED."""
     o_i = tl.arange(0, BT)
+    valid = o_i < n_valid
     if TRANSPOSED:
         keep = (o_i[None, :] > o_i[:, None]) if STRICT else (o_i[None, :] >= o_i[:, None])
+        keep = keep & valid[None, :]
         return tl.exp(tl.where(keep, b_b[None, :] - b_b[:, None], float("-inf")))
     keep = (o_i[:, None] > o_i[None, :]) if STRICT else (o_i[:, None] >= o_i[None, :])
+    keep = keep & valid[:, None]
     return tl.exp(tl.where(keep, b_b[:, None] - b_b[None, :], float("-inf")))
 
 
@@ -58,7 +62,7 @@ def _wy_fwd_kernel(
         p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
         p_kt = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, T), (1, H * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
         b_kk += tl.dot(tl.load(p_k, boundary_check=(0, 1)), tl.load(p_kt, boundary_check=(0, 1)))
-    b_a = b_beta[:, None] * b_kk * _decay(b_b, True, False, BT)
+    b_a = b_beta[:, None] * b_kk * _decay(b_b, T - i_t * BT, True, False, BT)
 
     # X = (I + A)^-1 by block doubling: X is the inverse of the diagonal m x m blocks; the off-diagonal
     # block C of each 2m-block [[L1, 0], [C, L2]] gets -X2 C X1, i.e. X <- X - X (A on those blocks) X.
@@ -138,7 +142,7 @@ def _wy_bwd_kernel(
     b_db = b_kdk * b_beta * b_gamma
 
     b_da = -tl.dot(tl.dot(b_xt, b_dx), b_xt)
-    b_dae = b_da * _decay(b_b, True, False, BT)                      # dA (.) E, strictly lower
+    b_dae = b_da * _decay(b_b, T - i_t * BT, True, False, BT)        # dA (.) E, strictly lower
     b_gram = tl.dot(b_k, b_kt)
     b_dbeta += tl.sum(b_dae * b_gram, axis=1)
     b_term = b_dae * b_gram * b_beta[:, None]                        # dA_ij * A_ij: d/db_i, -d/db_j
