@@ -3,32 +3,41 @@
     python benchmarks/bench_linear_ops.py            # full tables, writes benchmarks/results/linear_ops_<device>.md
     python benchmarks/bench_linear_ops.py --quick    # Mistral shape only
     python benchmarks/bench_linear_ops.py --sweep    # also time (num_warps, num_stages) per kernel
+    python benchmarks/bench_linear_ops.py --smoke    # CPU: the gated delta rows at a tiny shape (Triton interpreter)
 
 Forward and forward+backward medians from triton.testing.do_bench (CUDA events).
-Ops: retention (simple_gla), GLA, GSA (64 slots) and forgetting attention, all with GQA, against SDPA.
+Ops: retention (simple_gla), GLA, GSA (64 slots), forgetting attention and the gated delta rule, all with GQA,
+against SDPA.
 Shapes: Mistral-7B layer (B=4, T=4096, HQ=32, H=8, D=128), SmolLM2-135M (B=32, T=2048, HQ=9,
 H=3, D=64), a T-scaling table at 128K tokens per batch, and one decode step at batch 64.
 fla (if importable) runs chunk_gla / chunk_simple_gla without GQA (k, v, g repeated to HQ heads), as its
 chunk kernels need, and parallel_forgetting_attn with GQA; its chunk_gsa is in bench_gsa.py --fla-chunk
-(minutes of autotuning per shape).
+(minutes of autotuning per shape). fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule run with
+k, v, g, beta (and the decode state) repeated to HQ heads: their grouping is the other way round (more value
+heads than query/key heads), not GQA.
 """
 import argparse
 import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-import triton
+if "--smoke" in sys.argv:   # must precede the first import of triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from t2r.ops.gla import triton_chunk as tc  # noqa: E402
+from t2r.ops.common import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
-from t2r.ops.gla.triton_recurrent import (fused_recurrent_gla_triton,  # noqa: E402
-                                          fused_recurrent_simple_gla_triton)
+from t2r.ops.gla.triton_recurrent import fused_recurrent_gla_triton  # noqa: E402
 from t2r.ops.fox.triton_parallel import parallel_forgetting_attention_triton  # noqa: E402
+from t2r.ops.gated_delta.triton_chunk import chunk_gated_delta_rule_triton  # noqa: E402
+from t2r.ops.gated_delta.triton_recurrent import fused_recurrent_gated_delta_rule_triton  # noqa: E402
 from t2r.ops.gsa.triton_chunk import chunk_gsa_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
+from t2r.ops.simple_gla.triton_recurrent import fused_recurrent_simple_gla_triton  # noqa: E402
 
 try:
     from fla.ops.gla import chunk_gla as fla_chunk_gla
@@ -40,13 +49,27 @@ try:
     from fla.ops.forgetting_attn import parallel_forgetting_attn as fla_forgetting_attn
 except Exception:  # noqa: BLE001
     fla_forgetting_attn = None
+try:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent_gated_delta
+except Exception:  # noqa: BLE001
+    fla_chunk_gated_delta = fla_recurrent_gated_delta = None
 
 DEV = "cuda"
 DT = torch.bfloat16
 
 
 def bench(fn, warmup=25, rep=100):
+    if DEV == "cpu":   # --smoke: one timed call, no CUDA events
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def inputs(B, T, HQ, H, D, scalar, heads_for_kv=None):
@@ -63,6 +86,57 @@ def gsa_gates(B, T, H, M=64):
     """GSA's slot gates as its layer makes them: g = logsigmoid(x) / 8, s = 1 - exp(g)."""
     g = F.logsigmoid(torch.randn(B, T, H, M, device=DEV)) / 8
     return [t.to(DT).requires_grad_(True) for t in (-g.expm1(), g)]
+
+
+def gated_delta_inputs(B, T, HQ, H, D):
+    """q, unit-norm k, v, log decay g = logsigmoid(randn) (about -0.8 per step) and beta = sigmoid(randn),
+    kv tensors on H heads (H = HQ for fla, which has no GQA)."""
+    q = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+    k = F.normalize(torch.randn(B, T, H, D, device=DEV), dim=-1).to(DT)
+    v = torch.randn(B, T, H, D, device=DEV, dtype=DT)
+    g = F.logsigmoid(torch.randn(B, T, H, device=DEV))
+    beta = torch.randn(B, T, H, device=DEV).sigmoid()
+    return [t.requires_grad_(True) for t in (q, k, v, g, beta)]
+
+
+def gated_delta_rows(B, T, HQ, H, D, with_fla=True):
+    """Ours (GQA) and fla's chunk_gated_delta_rule (kv repeated to HQ heads): fwd, fwd+bwd, first call."""
+    do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
+    rows = [("t2r gated_delta (GQA)",) + time_op(lambda *x: chunk_gated_delta_rule_triton(*x),
+                                                 gated_delta_inputs(B, T, HQ, H, D), do)]
+    if with_fla and fla_chunk_gated_delta is not None:
+        try:
+            rows.append((f"fla chunk_gated_delta_rule ({HQ} heads)",)
+                        + time_op(lambda *x: fla_chunk_gated_delta(*x), gated_delta_inputs(B, T, HQ, HQ, D), do))
+        except Exception as e:  # noqa: BLE001
+            rows.append((f"fla chunk_gated_delta_rule: {type(e).__name__}", float("nan"), float("nan"), 0.))
+    return rows
+
+
+def gated_delta_decode_rows(B=64, HQ=32, H=8, D=128, with_fla=True):
+    """One decode step: ours (state on H kv heads) and fla's fused_recurrent (state repeated to HQ heads)."""
+    rows = []
+    with torch.no_grad():
+        q, k, v, g, beta = (t.detach()[:, :1].contiguous() for t in gated_delta_inputs(B, 1, HQ, H, D))
+        s0 = torch.randn(B, H, D, D, device=DEV)
+        t0 = time.time()
+        fused_recurrent_gated_delta_rule_triton(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+        sync()
+        first = time.time() - t0
+        t = bench(lambda: fused_recurrent_gated_delta_rule_triton(q, k, v, g, beta, initial_state=s0,
+                                                                  output_final_state=True))
+        rows.append((f"t2r recurrent gated_delta step (first call {first:.1f} s)", t))
+        if with_fla and fla_recurrent_gated_delta is not None:
+            G = HQ // H
+            kr, vr, gr, br = (x.repeat_interleave(G, dim=2) for x in (k, v, g, beta))
+            sr = s0.repeat_interleave(G, dim=1)
+            try:
+                t = bench(lambda: fla_recurrent_gated_delta(q, kr, vr, gr, beta=br, initial_state=sr,
+                                                            output_final_state=True))
+                rows.append((f"fla fused_recurrent_gated_delta_rule ({HQ} heads)", t))
+            except Exception as e:  # noqa: BLE001
+                rows.append((f"fla fused_recurrent_gated_delta_rule: {type(e).__name__}", float("nan")))
+    return rows
 
 
 def fox_gates(B, T, HQ):
@@ -82,7 +156,7 @@ def time_op(fn, args, do):
 
     t0 = time.time()
     fwdbwd()
-    torch.cuda.synchronize()
+    sync()
     first = time.time() - t0
     return bench(fwd), bench(fwdbwd), first
 
@@ -117,6 +191,7 @@ def row_set(B, T, HQ, H, D, with_fla=True):
         except Exception as e:  # noqa: BLE001
             rows.append((f"fla parallel_forgetting_attn: {type(e).__name__}", float("nan"), float("nan"), 0.))
     del a, q, k, v, s, gs, g_fox
+    rows += gated_delta_rows(B, T, HQ, H, D, with_fla)
     if with_fla and fla_chunk_gla is not None:
         a = inputs(B, T, HQ, H, D, scalar=False, heads_for_kv=HQ)
         try:
@@ -155,6 +230,7 @@ def decode_rows(B=64, HQ=32, H=8, D=128):
     t = bench(lambda: fused_recurrent_simple_gla_triton(q, k, v, gs, initial_state=s0, output_final_state=True))
     rows.append(("t2r recurrent simple_gla step", t))
     del s0
+    rows += gated_delta_decode_rows(B, HQ, H, D)
     for L in (2048, 8192, 32768):
         kc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
         vc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
@@ -169,7 +245,8 @@ def decode_rows(B=64, HQ=32, H=8, D=128):
 def scaling_table(tokens=131072, HQ=32, H=8, D=128):
     """fwd+bwd time per 1K tokens at a constant batch of `tokens` tokens, T = 2K ... 128K."""
     lines = [f"### T scaling at {tokens // 1024}K tokens per batch, Mistral heads (fwd+bwd ms per 1K tokens)", "",
-             "| B x T | t2r simple_gla | t2r gla | t2r gsa (64 slots) | SDPA causal flash |", "|---|---|---|---|---|"]
+             "| B x T | t2r simple_gla | t2r gla | t2r gsa (64 slots) | t2r gated_delta | SDPA causal flash |",
+             "|---|---|---|---|---|---|"]
     for T in (2048, 8192, 32768, 131072):
         B = tokens // T
         do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
@@ -180,6 +257,7 @@ def scaling_table(tokens=131072, HQ=32, H=8, D=128):
         q, k, v, g = a
         sg = gsa_gates(B, T, H)
         ms.append(time_op(lambda q, k, v, s, g: chunk_gsa_triton(q, k, v, s, g), [q, k, v, *sg], do)[1])
+        ms.append(time_op(lambda *x: chunk_gated_delta_rule_triton(*x), gated_delta_inputs(B, T, HQ, H, D), do)[1])
         ms.append(time_op(sdpa_fn, [q, k, v], do)[1])
         lines.append(f"| {B} x {T // 1024}K | " + " | ".join(f"{t * 1024 / (B * T):.4f}" for t in ms) + " |")
         del a, q, k, v, g, sg, do
@@ -219,13 +297,29 @@ def sweep(B=4, T=4096, HQ=32, H=8, D=128):
     return "\n".join(lines) + "\n"
 
 
+def smoke():
+    """The gated delta rows on CPU at a tiny shape (fp32: the interpreter computes bf16 dots wrongly)."""
+    global DEV, DT
+    DEV, DT = "cpu", torch.float32
+    print(fmt_table("smoke (CPU, Triton interpreter): B=1, T=100, HQ=4, H=2, D=32",
+                    gated_delta_rows(1, 100, 4, 2, 32)))
+    lines = ["| op | ms |", "|---|---|"] + [f"| {n} | {t:.3f} |" for n, t in gated_delta_decode_rows(2, 4, 2, 32)]
+    print("### smoke decode: B=2, HQ=4, H=2, D=32\n\n" + "\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU check of the gated delta rows at a tiny shape, through the Triton interpreter "
+                         "(fp32; times mean nothing); prints, writes no file")
     args = ap.parse_args()
+    if args.smoke:
+        smoke()
+        return
     dev = torch.cuda.get_device_name()
     cmd = "python " + " ".join(sys.argv)
     parts = [f"# Linear-attention ops on {dev}", "",

@@ -12,7 +12,7 @@ import t2r
 from tests.models.conftest import tiny_source
 
 pytest.importorskip("triton")
-from t2r.ops.gla import triton_chunk as gla_kernels  # noqa: E402
+from t2r.ops.common import triton_chunk as gla_kernels  # noqa: E402
 from t2r.ops.fox import triton_parallel as fox_kernels  # noqa: E402
 from t2r.ops.gsa import triton_chunk as gsa_kernels  # noqa: E402
 

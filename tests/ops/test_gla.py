@@ -58,7 +58,7 @@ def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, make_lo
     """The factored form (gates within FACTORED_LOG_RANGE per chunk) and the log-space form each,
     forced by moving the range, against the step loop; the default picks factored for mild gates.
     (Moderate gates sum to about -50 over a chunk: factored, their exp(-b_j) would overflow.)"""
-    from t2r.ops.gla import chunk as engine
+    from t2r.ops.common import chunk as engine
 
     calls = []
     for name in ("_intra_chunk", "_intra_chunk_factored"):

@@ -36,7 +36,7 @@ def test_chunk_and_public_match_reference_fp32(T, HQ, gate, make_log_decay, forw
 @pytest.mark.parametrize("form", ["factored", "log_space"])
 def test_both_intra_chunk_forms_match_reference(form, monkeypatch, make_log_decay, forward_backward, assert_close):
     """Both passes through the factored form and through the log-space form, forced."""
-    from t2r.ops.gla import chunk as engine
+    from t2r.ops.common import chunk as engine
 
     monkeypatch.setattr(engine, "FACTORED_LOG_RANGE", float("inf") if form == "factored" else -1.0)
     inputs, h0 = make_inputs(make_log_decay, 100, HQ=4, gate="mild")

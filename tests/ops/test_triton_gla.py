@@ -18,10 +18,12 @@ from triton_support import DEV, INTERPRET, require_triton
 require_triton()
 
 from t2r.ops import triton_utils  # noqa: E402
+from t2r.ops.common import triton_chunk as engine  # noqa: E402
 from t2r.ops.gla import triton_chunk as tc  # noqa: E402
 from t2r.ops.gla import triton_recurrent as tr  # noqa: E402
 from t2r.ops.gla.naive import naive_recurrent_gla  # noqa: E402
 from t2r.ops.simple_gla import triton_chunk as sc  # noqa: E402
+from t2r.ops.simple_gla import triton_recurrent as sr  # noqa: E402
 from t2r.ops.simple_gla.naive import naive_recurrent_simple_gla  # noqa: E402
 
 
@@ -36,7 +38,7 @@ class Op:
 
 OPS = {
     "gla": Op("gla", tc.chunk_gla_triton, tr.fused_recurrent_gla_triton, naive_recurrent_gla, False),
-    "simple_gla": Op("simple_gla", sc.chunk_simple_gla_triton, tr.fused_recurrent_simple_gla_triton,
+    "simple_gla": Op("simple_gla", sc.chunk_simple_gla_triton, sr.fused_recurrent_simple_gla_triton,
                      naive_recurrent_simple_gla, True),
 }
 
@@ -151,7 +153,7 @@ def test_fp16_per_channel_runs_in_bf16(monkeypatch):
         seen["dtypes"] = (q.dtype, k.dtype, v.dtype)
         return torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=v.dtype, device=q.device), None
 
-    monkeypatch.setattr(tc._ChunkLinearAttnFunction, "apply", fake_apply)
+    monkeypatch.setattr(engine._ChunkLinearAttnFunction, "apply", fake_apply)
     q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16, device=DEV) for _ in range(3))
     o, _ = tc.chunk_gla_triton(q, k, v, -torch.rand(1, 8, 2, 16, device=DEV))
     assert seen["dtypes"] == (torch.bfloat16,) * 3 and o.dtype == torch.float16
@@ -247,13 +249,13 @@ def test_recurrent_step_bf16(op):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dqk_block_k_configs(op, bk, dtype):
     """Both K-blocks of the dq/dk kernel are gradient-checked on the GPU (Triton 3.6 Hopper bugs)."""
-    old = tc.DQK_BK["gla"]
-    tc.DQK_BK["gla"] = bk
+    old = engine.DQK_BK["gla"]
+    engine.DQK_BK["gla"] = bk
     try:
         d = make(op, 2, 600, 8, 2, 128, 128, kind="moderate")
         check(run(op.chunk, d, dtype), run(op.naive, d, torch.float32), TOL32 if dtype == torch.float32 else 2.5e-2)
     finally:
-        tc.DQK_BK["gla"] = old
+        engine.DQK_BK["gla"] = old
 
 
 @pytest.mark.skipif(INTERPRET, reason="GPU check of the fallback path")
@@ -283,5 +285,5 @@ def test_custom_op_contract(scalar, packed):
     g = (torch.nn.functional.logsigmoid(torch.randn(shape, device=DEV)) / 16).requires_grad_(True)
     cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEV) if packed else None
     h0 = torch.randn(2 if packed else B, H, K, K, device=DEV, requires_grad=True)
-    torch.library.opcheck(tc._chunk_op, (q, k, v, g, h0, cu, K ** -0.5, scalar, 64, 16),
+    torch.library.opcheck(engine._chunk_op, (q, k, v, g, h0, cu, K ** -0.5, scalar, 64, 16),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

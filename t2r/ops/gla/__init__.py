@@ -4,8 +4,9 @@ from typing import Optional, Tuple
 import torch
 
 from ..backend import use_triton
+from ..common.chunk import chunk_gated_linear_attention  # the shared engine, kept importable from here
 from ..utils import map_over_sequences, prefer_recurrent
-from .chunk import check_gla_inputs, chunk_gated_linear_attention, chunk_gla
+from .chunk import check_gla_inputs, chunk_gla
 from .naive import naive_recurrent_gla
 
 __all__ = ["gla", "chunk_gla", "naive_recurrent_gla", "chunk_gated_linear_attention"]

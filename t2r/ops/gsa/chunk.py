@@ -1,7 +1,7 @@
 """Chunkwise Gated Slot Attention: two gated linear attention passes linked by a softmax.
 
 GSA paper eq. 6-7 split into two GLA recurrences that the shared engine
-(`t2r.ops.gla.chunk`) runs chunkwise:
+(`t2r.ops.common.chunk`) runs chunkwise:
 
 * pass 1, state K~ [K, M]: queries q, keys k, "values" s, decay g on the value
   (slot) side; its output is the slot logits scale * K~_t q_t;
@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..gla.chunk import chunk_gated_linear_attention
+from ..common.chunk import chunk_gated_linear_attention
 from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
                      recompute_in_backward)
 

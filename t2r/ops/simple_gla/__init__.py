@@ -47,8 +47,7 @@ def simple_gla(
     T = check_simple_gla_inputs("simple_gla", q, k, v, g, initial_state, cu_seqlens)[1]
     # Backend dispatch: Triton kernels plug in here (see t2r.ops.backend.use_triton).
     if use_triton(q, k, v, g, initial_state) and q.shape[-1] <= 128:
-        from . import triton_chunk  # lazy: CPU-only installs never import triton
-        from ..gla import triton_recurrent
+        from . import triton_chunk, triton_recurrent  # lazy: CPU-only installs never import triton
         kern = triton_recurrent.fused_recurrent_simple_gla_triton if prefer_recurrent(T, q, k, v, g, initial_state) \
             else triton_chunk.chunk_simple_gla_triton
         return kern(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)

@@ -2,13 +2,13 @@
 
 A scalar gate keeps the intra-chunk decay a [C, C] matrix exp(b_i - b_j)
 (RetNet's chunkwise form, GLA paper appendix C.2 with A = 1, B = gamma^i), so no
-per-channel sub-chunking is needed; see `t2r.ops.gla.chunk` for the algorithm.
+per-channel sub-chunking is needed; see `t2r.ops.common.chunk` for the algorithm.
 """
 from typing import Optional, Tuple
 
 import torch
 
-from ..gla.chunk import chunk_gated_linear_attention
+from ..common.chunk import chunk_gated_linear_attention
 from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
                      recompute_in_backward)
 

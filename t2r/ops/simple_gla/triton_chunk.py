@@ -1,13 +1,13 @@
 """Triton chunkwise kernels for simple GLA / retention (one scalar log decay per head and step).
 
-The kernels are shared with GLA (``t2r/ops/gla/triton_chunk.py``, ``SCALAR=True``): with a
+The kernels are shared with GLA (``t2r/ops/common/triton_chunk.py``, ``SCALAR=True``): with a
 scalar decay the intra-chunk decay is the exact BT x BT matrix 2^(b_i - b_j), no anchoring.
 """
 from typing import Optional, Tuple
 
 import torch
 
-from ..gla.triton_chunk import chunk_linear_attn_triton
+from ..common.triton_chunk import chunk_linear_attn_triton
 
 __all__ = ["chunk_simple_gla_triton"]
 

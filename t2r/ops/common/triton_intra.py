@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..triton_utils import chunk_bounds, fits_one_anchor
-from .triton_common import _CLAMP, _LOG2E, _anchored, _gated_scores, _scalar_gate
+from .triton_decay import _CLAMP, _LOG2E, _anchored, _gated_scores, _scalar_gate
 
 
 # --------------------------------------------------------------------------------------

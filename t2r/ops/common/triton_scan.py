@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from ..triton_utils import carry_through_segments, segment_of_sequence, seq_bounds, store_segment
-from .triton_common import _LOG2E, _scalar_gate
+from .triton_decay import _LOG2E, _scalar_gate
 
 
 # --------------------------------------------------------------------------------------
