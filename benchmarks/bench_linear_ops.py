@@ -316,6 +316,8 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of the gated delta rows at a tiny shape, through the Triton interpreter "
                          "(fp32; times mean nothing); prints, writes no file")
+    ap.add_argument("--gated-delta", action="store_true",
+                    help="only the gated delta rows (and SDPA's) at both shapes, plus its decode step")
     args = ap.parse_args()
     if args.smoke:
         smoke()
@@ -326,8 +328,22 @@ def main():
              f"torch {torch.__version__}, triton {triton.__version__}; command: `{cmd}`; bf16, "
              "do_bench median; gates logsigmoid(randn)/16; fla without GQA (kv repeated).", ""]
     with_fla = not args.no_fla
-    parts.append(fmt_table("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128", row_set(4, 4096, 32, 8, 128, with_fla)))
-    print(parts[-1], flush=True)
+    if args.gated_delta:
+        for title, shape in (("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128", (4, 4096, 32, 8, 128)),
+                             ("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64", (32, 2048, 9, 3, 64))):
+            q, k, v = inputs(*shape, scalar=False)[:3]
+            do = torch.randn_like(q)
+            rows = [("sdpa causal (GQA)",) + time_op(sdpa_fn, (q, k, v), do)] + gated_delta_rows(*shape, with_fla)
+            parts.append(fmt_table(title, rows))
+            print(parts[-1], flush=True)
+        lines = ["### Decode: one token, batch 64, HQ=32, H=8, D=128", "", "| op | ms |", "|---|---|"]
+        lines += [f"| {n} | {t:.3f} |" for n, t in gated_delta_decode_rows(with_fla=with_fla)]
+        parts.append("\n".join(lines) + "\n")
+        print(parts[-1], flush=True)
+        args.quick, args.sweep = True, False
+    else:
+        parts.append(fmt_table("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128", row_set(4, 4096, 32, 8, 128, with_fla)))
+        print(parts[-1], flush=True)
     if not args.quick:
         parts.append(fmt_table("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64", row_set(32, 2048, 9, 3, 64, with_fla)))
         print(parts[-1], flush=True)
