@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from t2r.models.architectures import ARCHITECTURES, SourceAdapter
-from t2r.models.cache import T2RCache
+from t2r.models.generation_cache import T2RCache
 from t2r.models.configuration import (
     T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )

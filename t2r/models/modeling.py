@@ -20,7 +20,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from t2r.layers import ConvertedAttention, build_mixer
-from t2r.models.cache import T2RCache
+from t2r.models.generation_cache import T2RCache
 from t2r.models.configuration import (
     T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )

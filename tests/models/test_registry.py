@@ -15,7 +15,7 @@ import t2r
 from t2r.cli import build_parser
 from t2r.layers import MIXERS, MixerSpec, RecurrentMixer, get_mixer, register_mixer, unregister_mixer
 from t2r.layers.options import MixerOptions, option
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 from tests.models.conftest import tiny_source
 
 README = Path(__file__).resolve().parents[2] / "README.md"
