@@ -25,7 +25,8 @@ def run_convert(args) -> int:
     check_model_spec(args.model)  # a missing local path: named at once, before torch loads
     check_output_dir(args.out, args.model, args.overwrite)
     offline_if_unreachable(args.model)
-    from t2r.convert import conversion_report, convert
+    from t2r.convert import auto_softmax_count, calibrated_convert, conversion_report
+    from t2r.data.config import DataConfig
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
@@ -34,15 +35,14 @@ def run_convert(args) -> int:
     out = Path(args.out)
     tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
-    layers = calibrated_layers(args, source, tokenizer, options, tmp / "layer_ranking")
-    lookback = None
-    if args.init == "teacher":
-        from t2r.data.config import DataConfig
-        from t2r.eval.lookback import teacher_lookback
-
-        lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.data) if args.data else None,
-                                    args.calibration_rows, args.calibration_length)
-    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, copy=False, **options)
+    ranking_dir = tmp / "layer_ranking"
+    model = calibrated_convert(source, tokenizer, args.target, layers=args.layers, init=args.init,
+                               data=DataConfig(path=args.data) if args.data else None, rows=args.calibration_rows,
+                               length=args.calibration_length, ranking_dir=ranking_dir, source=args.model, copy=False,
+                               **options)
+    if auto_softmax_count(args.layers) is not None:
+        converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
+        print(f"{args.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
     print(conversion_report(source, model))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -59,26 +59,11 @@ def run_convert(args) -> int:
     return 0
 
 
-def calibrated_layers(args, source, tokenizer, options: dict, out_dir: Path):
-    """`args.layers`, or for `auto:N` the layers left after ranking (`t2r.eval.sensitivity`)."""
-    from t2r.eval.sensitivity import auto_softmax_count, resolve_layers
-
-    if auto_softmax_count(args.layers) is None:
-        return args.layers
-    from t2r.data.config import DataConfig
-
-    data = DataConfig(path=args.data) if args.data else None
-    layers = resolve_layers(args.layers, source, tokenizer, args.target, data=data, rows=args.calibration_rows,
-                            length=args.calibration_length, out_dir=out_dir, **options)
-    print(f"{args.layers}: converting layers {layers}; ranking in {out_dir.name}/")
-    return layers
-
-
 def run_rank_layers(args) -> int:
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
     from t2r.data.config import DataConfig
-    from t2r.eval.sensitivity import calibration_rows, rank_layers
+    from t2r.convert import calibration_rows, rank_layers
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))

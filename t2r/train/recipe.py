@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import ClassVar, Sequence
 
 import yaml
 
+from t2r.convert.layer_spec import check_layer_spec
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import HELD_OUT, EvalSettings
@@ -46,9 +46,6 @@ TRAINABLE = ("all", "attention", "gates", "lora")
 TRACKERS = ("tensorboard", "wandb")
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
 """The packages accelerate looks for to run each tracker (any one of them)."""
-_LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
-_LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
-_AUTO = re.compile(r"\s*auto:\d+\s*")
 
 
 @dataclass
@@ -67,7 +64,7 @@ class ConvertSection:
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
     init: str = "default"
     """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
-    attention looks on the training text, `t2r.eval.lookback`; gla and fox)."""
+    attention looks on the training text, `t2r.convert.lookback`; gla and fox)."""
     RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")}}
 
 
@@ -296,9 +293,11 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
             if bad:
                 raise RecipeError(f"{what}: needs converted layers, but convert.target is 'none' (baseline)")
     else:
-        if convert.layers is not None and not (_LAYERS.fullmatch(convert.layers) or _AUTO.fullmatch(convert.layers)):
-            raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1' or "
-                              "'auto:N' (keep the N most sensitive layers softmax)")
+        if convert.layers is not None:
+            try:
+                check_layer_spec(convert.layers)
+            except ValueError as err:
+                raise RecipeError(f"convert.layers: {err}") from None
         spec = get_mixer(convert.target)
         hints = typing.get_type_hints(spec.options)
         for key, value in convert.options.items():
