@@ -95,15 +95,24 @@ def fresh_conversion_note(directory) -> str | None:
         return None
     finetune = (f"t2r finetune --config {CPU_RECIPE} {shlex.quote(f'model.source={directory}')} convert.target=none "
                 "convert.options={}")
-    fox_as_source = mixers == ["fox"] and (config.get("t2r_options") or {}).get("fox", {}).get("rope", True)
-    if fox_as_source:
-        state = ("note: this model is freshly converted to FoX and untrained: its forget gates start open, so it "
-                 "writes like the source model until finetuning teaches them to forget.")
+    reasons = [starts_as_source(mixer, (config.get("t2r_options") or {}).get(mixer, {})) for mixer in mixers]
+    if all(reasons):
+        state = f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: {'; '.join(reasons)}."
     else:
         state = (f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: its new layers do not "
                  "compute softmax attention yet, so its text is nonsense until it is finetuned.")
     return (f"{state} Finetune it (the recipe's model.source is the converted directory; convert.target=none "
             f"trains it as it is) with:\n  {finetune}")
+
+
+def starts_as_source(mixer: str, saved_options: dict) -> str | None:
+    """Why a fresh `mixer` layer with these saved options computes what the source did (its options class says,
+    `MixerOptions.starts_as_source`), or None."""
+    spec = mixer_registry().MIXERS.get(mixer)
+    try:
+        return spec.options_from_config(saved_options).starts_as_source() if spec is not None else None
+    except (TypeError, ValueError):  # options this t2r does not read: no claim either way
+        return None
 
 
 def check_output_dir(out: str, model: str, overwrite: bool) -> None:

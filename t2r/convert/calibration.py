@@ -22,6 +22,7 @@ from t2r.convert.sensitivity import LayerRanking, rank_layers
 from t2r.data.config import DataConfig
 from t2r.data.rows import token_rows
 from t2r.data.synthetic import write_long_jsonl
+from t2r.layers.registry import get_mixer, teacher_init_refusal
 
 
 def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = 4, length: int = 512,
@@ -84,6 +85,8 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str 
     """
     if init not in ("default", "teacher"):
         raise ValueError(f"init={init!r}: choose default or teacher")
+    if init == "teacher" and not get_mixer(target).teacher_init:  # refused before anything is measured
+        raise ValueError(teacher_init_refusal(target))
     measure = measure or (lambda fn: fn())
     converted = measure(lambda: resolve_layers(layers, model, tokenizer, target, data=data, rows=rows, length=length,
                                                out_dir=ranking_dir, **options))

@@ -124,7 +124,8 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
             (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
         lookback: `[layers, query heads]` look-back of the source's attention (`t2r.convert.lookback`): each
-            converted layer's forget gate starts at the matching decay (`init="teacher"`; gla and fox).
+            converted layer's forget gate starts at the matching decay (`init="teacher"`; targets with
+            `MixerSpec.teacher_init`: gla, fox).
         copy: False reuses the source's tensors instead of copying them: the new gates are the only new memory,
             and the two models share their weights from then on (training one changes the other). For a source
             that is not used afterwards (`t2r convert`; finetuning without a teacher in the same dtype).

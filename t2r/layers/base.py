@@ -13,6 +13,7 @@ from torch import nn
 
 from t2r.layers.feature_maps import FEATURE_MAP_FUNCTIONS
 from t2r.layers.options import MixerOptions
+from t2r.layers.registry import teacher_init_refusal
 from t2r.layers.state import RecurrentStateLayer, WindowedStateLayer
 
 
@@ -155,8 +156,7 @@ class ConvertedAttention(nn.Module):
     def init_from_lookback(self, lookback: torch.Tensor) -> None:
         """Set the forget gates' starting decay from the source's per-query-head look-back `lookback` `[HQ]`
         (`t2r.convert.lookback`); mixers without a learned decay refuse."""
-        raise ValueError(f"init='teacher': {self.target} has no learned forget-gate decay to set from the source's "
-                         "attention (supported: gla, fox)")
+        raise ValueError(teacher_init_refusal(self.target))
 
     def group_lookback(self, lookback: torch.Tensor) -> torch.Tensor:
         """`[HQ]` -> `[H]`: the mean look-back of the query heads that share each kv head."""

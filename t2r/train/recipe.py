@@ -21,6 +21,7 @@ from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import HELD_OUT, EvalSettings
 from t2r.layers import MIXERS, get_mixer
+from t2r.layers.registry import teacher_init_targets
 from t2r.paths import check_model_spec, is_local
 
 from .fields import RecipeError, build, coerce, plain, suggest
@@ -64,7 +65,7 @@ class ConvertSection:
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
     init: str = "default"
     """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
-    attention looks on the training text, `t2r.convert.lookback`; gla and fox)."""
+    attention looks on the training text, `t2r.convert.lookback`; targets with `MixerSpec.teacher_init`)."""
     RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")}}
 
 
@@ -281,9 +282,9 @@ def _check_recipe(recipe: Recipe, check_files: bool) -> None:
     if train.trainable != "lora" and recipe.lora is not None:
         raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
                           "set train.trainable=lora or remove the lora section")
-    if convert.init == "teacher" and convert.target not in ("gla", "fox"):
+    if convert.init == "teacher" and convert.target not in teacher_init_targets():
         raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
-                          "have (supported: gla, fox); use convert.init=default")
+                          f"have (supported: {', '.join(teacher_init_targets())}); use convert.init=default")
     if train.trainable == "gates":
         check_gates(recipe, "train.trainable")
     if convert.target == "none":
