@@ -33,7 +33,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
 import t2r
-from t2r.models.cache import T2RCache
+from t2r.models.generation_cache import T2RCache
 from t2r.models.static_decode import StaticDecoder
 
 sys.path.insert(0, str(Path(__file__).parent))

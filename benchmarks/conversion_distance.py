@@ -60,7 +60,7 @@ def main() -> None:
     lookback = None
     if args.teacher_text:
         from t2r.data.config import DataConfig
-        from t2r.eval.lookback import teacher_lookback
+        from t2r.convert import teacher_lookback
 
         lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.teacher_text))
     for target, options in VARIANTS:

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 import t2r
 from t2r.data.config import DataConfig
-from t2r.eval.lookback import attention_lookback
-from t2r.eval.perplexity import token_rows
-from t2r.eval.sensitivity import kl_to_reference, rank_layers
+from t2r.convert.lookback import attention_lookback
+from t2r.data.rows import token_rows
+from t2r.convert.sensitivity import kl_to_reference, rank_layers
 from t2r.sources import load_source
 from t2r.train.transfer import attention_transfer
 

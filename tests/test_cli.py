@@ -270,8 +270,11 @@ def test_a_fresh_conversion_says_so_with_the_command_that_finetunes_it(tmp_path,
 
     assert main(["convert", "--model", str(tmp_path / "src"), "--to", "fox", "--out", str(tmp_path / "fox"),
                  "--device", "cpu"]) == 0
-    assert "freshly converted to FoX and untrained: its forget gates start open, so it writes like the source" in \
-        capsys.readouterr().out
+    assert "freshly converted (fox) and untrained: its forget gates start open, so it writes like the source" in \
+        capsys.readouterr().out  # FoXOptions.starts_as_source
+    assert main(["convert", "--model", str(tmp_path / "src"), "--to", "fox", "--rope", "false", "--out",
+                 str(tmp_path / "fox-norope"), "--device", "cpu"]) == 0
+    assert "its text is nonsense until it is finetuned" in capsys.readouterr().out  # no RoPE: not the source
 
 
 def test_run_dry_run_says_what_it_would_train_and_evaluate(capsys):

@@ -25,7 +25,8 @@ def run_convert(args) -> int:
     check_model_spec(args.model)  # a missing local path: named at once, before torch loads
     check_output_dir(args.out, args.model, args.overwrite)
     offline_if_unreachable(args.model)
-    from t2r.convert import conversion_report, convert
+    from t2r.convert import auto_softmax_count, calibrated_convert, conversion_report
+    from t2r.data.config import DataConfig
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
@@ -34,15 +35,14 @@ def run_convert(args) -> int:
     out = Path(args.out)
     tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
-    layers = calibrated_layers(args, source, tokenizer, options, tmp / "layer_ranking")
-    lookback = None
-    if args.init == "teacher":
-        from t2r.data.config import DataConfig
-        from t2r.eval.lookback import teacher_lookback
-
-        lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.data) if args.data else None,
-                                    args.calibration_rows, args.calibration_length)
-    model = convert(source, args.target, layers=layers, source=args.model, lookback=lookback, copy=False, **options)
+    ranking_dir = tmp / "layer_ranking"
+    model = calibrated_convert(source, tokenizer, args.target, layers=args.layers, init=args.init,
+                               data=DataConfig(path=args.data) if args.data else None, rows=args.calibration_rows,
+                               length=args.calibration_length, ranking_dir=ranking_dir, source=args.model, copy=False,
+                               **options)
+    if auto_softmax_count(args.layers) is not None:
+        converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
+        print(f"{args.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
     print(conversion_report(source, model))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -59,26 +59,11 @@ def run_convert(args) -> int:
     return 0
 
 
-def calibrated_layers(args, source, tokenizer, options: dict, out_dir: Path):
-    """`args.layers`, or for `auto:N` the layers left after ranking (`t2r.eval.sensitivity`)."""
-    from t2r.eval.sensitivity import auto_softmax_count, resolve_layers
-
-    if auto_softmax_count(args.layers) is None:
-        return args.layers
-    from t2r.data.config import DataConfig
-
-    data = DataConfig(path=args.data) if args.data else None
-    layers = resolve_layers(args.layers, source, tokenizer, args.target, data=data, rows=args.calibration_rows,
-                            length=args.calibration_length, out_dir=out_dir, **options)
-    print(f"{args.layers}: converting layers {layers}; ranking in {out_dir.name}/")
-    return layers
-
-
 def run_rank_layers(args) -> int:
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
     from t2r.data.config import DataConfig
-    from t2r.eval.sensitivity import calibration_rows, rank_layers
+    from t2r.convert import calibration_rows, rank_layers
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
@@ -110,15 +95,24 @@ def fresh_conversion_note(directory) -> str | None:
         return None
     finetune = (f"t2r finetune --config {CPU_RECIPE} {shlex.quote(f'model.source={directory}')} convert.target=none "
                 "convert.options={}")
-    fox_as_source = mixers == ["fox"] and (config.get("t2r_options") or {}).get("fox", {}).get("rope", True)
-    if fox_as_source:
-        state = ("note: this model is freshly converted to FoX and untrained: its forget gates start open, so it "
-                 "writes like the source model until finetuning teaches them to forget.")
+    reasons = [starts_as_source(mixer, (config.get("t2r_options") or {}).get(mixer, {})) for mixer in mixers]
+    if all(reasons):
+        state = f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: {'; '.join(reasons)}."
     else:
         state = (f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: its new layers do not "
                  "compute softmax attention yet, so its text is nonsense until it is finetuned.")
     return (f"{state} Finetune it (the recipe's model.source is the converted directory; convert.target=none "
             f"trains it as it is) with:\n  {finetune}")
+
+
+def starts_as_source(mixer: str, saved_options: dict) -> str | None:
+    """Why a fresh `mixer` layer with these saved options computes what the source did (its options class says,
+    `MixerOptions.starts_as_source`), or None."""
+    spec = mixer_registry().MIXERS.get(mixer)
+    try:
+        return spec.options_from_config(saved_options).starts_as_source() if spec is not None else None
+    except (TypeError, ValueError):  # options this t2r does not read: no claim either way
+        return None
 
 
 def check_output_dir(out: str, model: str, overwrite: bool) -> None:

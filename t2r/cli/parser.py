@@ -110,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--layers", default=None,
                          help="layers to convert, e.g. '0-11,15' (default: all); 'auto:N' keeps the N layers most "
                               "sensitive to conversion as softmax (ranked as by rank-layers; ranking in --out)")
+    teacher_targets = ", ".join(mixer_registry().teacher_init_targets())
     convert.add_argument("--init", choices=("default", "teacher"), default="default",
                          help="teacher: start each new forget gate at the decay matching how far back the source's "
-                              "attention head looks on the --data text (gla, fox)")
+                              f"attention head looks on the --data text ({teacher_targets})")
     add_calibration_arguments(convert)
     add_mixer_options(convert)
 

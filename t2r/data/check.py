@@ -1,62 +1,22 @@
 """Data checks that run before a model loads: every error names the file, the line and the fix.
 
-`check_files` opens every local file of a `DataConfig` and reads its first documents with plain Python
-(JSON lines, UTF-8 text, Parquet schema), so an empty file, a broken JSON line, bytes that are not UTF-8,
-a missing or non-text field, or a source with no document at all is reported as `DataError` instead of
-a `datasets` traceback. `check_rows` then tokenises the real training and held-out streams until each
-gives one packed row of `seq_len` tokens. `explain` turns a failure inside `datasets` into the same kind
-of message, scanning the files in full to find the line.
+`check_files` (`t2r.data.files`) reads every local file of a `DataConfig` with plain Python; `check_rows` then
+tokenises the real training and held-out streams until each gives one packed row of `seq_len` tokens.
 """
 
 from __future__ import annotations
 
-import bz2
-import codecs
-import gzip
-import json
-import lzma
-import os
-from pathlib import Path
-
 from .config import DataConfig
+from .documents import load_documents
+from .files import DataError, check_files
+from .packing import PackedSequences
 
-SAMPLE_DOCUMENTS = 100  # documents read from the start of each file
-TEXT_BYTES = 1 << 20  # bytes read from the start of each .txt file (one document each)
-
-
-class DataError(ValueError):
-    """Training data that cannot be used; the message names the file (and line) and the fix."""
-
-
-def check_files(cfg: DataConfig, limit: int | None = SAMPLE_DOCUMENTS) -> int | None:
-    """Read the first `limit` documents of every local file of `cfg` (all of them when None). Returns the
-    number of documents when every file was read to its end, else None; hub ids are not checked (None)."""
-    from .documents import is_local, local_files
-
-    path = os.path.expanduser(cfg.path)
-    if not is_local(path):
-        return None
-    builder, files = local_files(path)
-    total, complete = 0, True
-    for file in files:
-        count, whole = CHECKS[builder](Path(file), cfg.text_field, limit)
-        total += count
-        complete = complete and whole
-    if complete and total == 0:
-        raise DataError(f"data.path: {cfg.path!r} holds no documents (every file is empty or blank): point "
-                        "data.path at files with text")
-    if complete and total <= cfg.held_out:
-        raise DataError(f"data.held_out: {cfg.held_out} documents held out, but {cfg.path!r} holds only {total}, "
-                        "leaving none to train on: lower data.held_out")
-    return total if complete else None
+__all__ = ["DataError", "check_files", "check_rows"]
 
 
 def check_rows(cfg: DataConfig, tokenizer, seq_len: int, seed: int) -> None:
     """DataError unless the training part, and the held-out part when `cfg.held_out`, each give at least
     one packed row of `seq_len` tokens (the held-out loss is nan without one)."""
-    from .packing import PackedSequences
-    from .documents import load_documents
-
     for part in ("train", "validation") if cfg.held_out else ("train",):
         rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, seq_len)
         if next(iter(rows), None) is not None:
@@ -70,144 +30,3 @@ def check_rows(cfg: DataConfig, tokenizer, seq_len: int, seed: int) -> None:
         raise DataError(f"data: the training documents ({len(docs)} after the {cfg.held_out} held out) hold {tokens} "
                         f"tokens, less than one row of data.seq_len={seq_len}; add data, or lower data.held_out or "
                         "data.seq_len")
-
-
-def explain(cfg: DataConfig, err: Exception) -> Exception:
-    """A DataError naming the file and line behind `err`, raised by `datasets` while reading `cfg`."""
-    try:
-        check_files(cfg, limit=None)
-    except DataError as found:
-        return found
-    except Exception:  # noqa: BLE001 - the original error is reported below
-        pass
-    cause = str(err.__cause__ or err).strip().splitlines()[-1] if str(err.__cause__ or err).strip() else type(err).__name__
-    return DataError(f"data.path: reading {cfg.path!r} failed: {cause}")
-
-
-def _open(path: Path):
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    if name.endswith(".xz"):
-        return lzma.open(path, "rb")
-    if name.endswith(".zst"):
-        import zstandard  # datasets needs it for .zst too
-
-        return zstandard.open(path, "rb")
-    return open(path, "rb")
-
-
-def _utf8(raw: bytes, path: Path, line: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}, line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
-                        "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
-
-
-def _text_of(row, path: Path, line: int, field: str) -> str | None:
-    if not isinstance(row, dict):
-        raise DataError(f"{path}, line {line}: a JSON {type(row).__name__} where an object is expected; each line "
-                        f"must be one object such as {{\"{field}\": \"...\"}}")
-    if field not in row:
-        return None
-    text = row[field]
-    if text is not None and not isinstance(text, str):
-        raise DataError(f"{path}, line {line}: field {field!r} holds {type(text).__name__}, not text; set "
-                        "data.text_field to a field of strings")
-    return text
-
-
-def _json(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
-    if path.stat().st_size == 0:
-        raise DataError(f"{path} is empty: delete it or fill it (every supported file under data.path is read)")
-    count, fields_seen, with_field = 0, set(), 0
-    with _open(path) as fh:
-        head = fh.read(1 << 16)
-        if head.lstrip()[:1] == b"[":  # one JSON array, not JSON lines
-            data = _utf8(head + fh.read(), path, 1)
-            try:
-                rows = json.loads(data)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {err.lineno}: not valid JSON ({err.msg}, column {err.colno}); fix the "
-                                "file") from None
-            texts = [_text_of(row, path, 1, field) for row in rows]
-            return sum(1 for t in texts if t and t.strip()), True
-        lines = _lines(head, fh)
-        for number, raw in enumerate(lines, 1):
-            text = _utf8(raw, path, number)
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno}); each line must "
-                                f"be one JSON object such as {{\"{field}\": \"...\"}}: fix or delete the line") from None
-            value = _text_of(row, path, number, field)
-            fields_seen.update(row)
-            with_field += field in row
-            count += bool(value and value.strip())
-            if limit is not None and count >= limit:
-                return count, False
-    if fields_seen and not with_field:
-        raise DataError(f"{path}: no line has the field {field!r} (fields: {', '.join(map(repr, sorted(fields_seen)))}); "
-                        "set data.text_field to the field holding the text")
-    return count, True
-
-
-def _lines(head: bytes, fh):
-    """The lines (bytes) of a stream whose first `head` bytes were already read."""
-    rest = b""
-    for chunk in (head, *iter(lambda: fh.read(1 << 20), b"")):
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        yield from parts
-    if rest:
-        yield rest
-
-
-def _text(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
-    """A .txt file is one document (datasets' text builder, sample_by="document")."""
-    with _open(path) as fh:
-        data = fh.read() if limit is None else fh.read(TEXT_BYTES)
-        whole = limit is None or not fh.read(1)
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    try:
-        text = decoder.decode(data, final=whole)
-    except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise DataError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}); "
-                        "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
-    return int(bool(text.strip())), whole or bool(text.strip())
-
-
-def _parquet(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as err:
-        raise DataError(f"{path}: not a readable Parquet file ({err}); rewrite it or remove it") from None
-    schema = table.schema_arrow
-    if field not in schema.names:
-        raise DataError(f"{path}: no column {field!r} (columns: {', '.join(map(repr, schema.names))}); set "
-                        "data.text_field to the column holding the text")
-    kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise DataError(f"{path}: column {field!r} holds {kind}, not text; set data.text_field to a string column")
-    count, read = 0, 0
-    for batch in table.iter_batches(columns=[field], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            read += 1
-            count += bool(value and value.strip())
-        if limit is not None and count >= limit:
-            break
-    return count, read == table.metadata.num_rows
-
-
-CHECKS = {"json": _json, "text": _text, "parquet": _parquet}
-

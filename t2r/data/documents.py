@@ -6,26 +6,20 @@ the rest the training part, so the two never overlap and the same seed always gi
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Iterator
 from itertools import islice
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from t2r.paths import is_local  # the one local-path vs hub-id rule (re-exported here)
 
-from .check import explain
 from .config import DataConfig
+from .files import explain, local_files
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet"}
-"""File suffix -> `datasets` builder. json and text files may also be compressed (see COMPRESSIONS)."""
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # decompressed by datasets on the fly (.zst needs `zstandard`)
 PARTS = ("train", "validation")
-_SUPPORTED = ".txt, .jsonl, .json (each optionally .gz/.bz2/.xz/.zst) and .parquet"
 
 
 def load_documents(cfg: DataConfig, seed: int, part: str = "train") -> Iterator[str]:
@@ -73,33 +67,6 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
     return dataset
 
 
-def local_files(path: str) -> tuple[str, list[str]]:
-    """(builder, sorted files) for a file, a directory (all supported files below it) or a glob."""
-    if os.path.isfile(path):
-        builder = _builder(path)
-        if builder is None:
-            raise ValueError(f"unsupported data file {path!r}: {_supported_hint(path)}")
-        return builder, [path]
-    if os.path.isdir(path):
-        candidates = [str(p) for p in sorted(Path(path).rglob("*")) if p.is_file() and not _hidden(p, path)]
-        where = f"directory {path!r}"
-    else:
-        candidates = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-        if not candidates:
-            raise FileNotFoundError(f"no files match the glob {path!r}: check the pattern")
-        where = f"glob {path!r}"
-    files = [f for f in candidates if _builder(f) is not None]
-    if not files:
-        raise ValueError(f"no supported data files in {where}: expected {_SUPPORTED}")
-    builders = sorted({_builder(f) for f in files})
-    if len(builders) > 1:
-        raise ValueError(
-            f"{where} mixes file formats ({', '.join(builders)}): point `path` at one kind, "
-            f"e.g. with a glob such as 'dir/*.jsonl'"
-        )
-    return builders[0], files
-
-
 def load_dataset(*args, **kwargs):
     """`datasets.load_dataset`, imported on first use: `datasets` is an optional dependency (`t2r[train]`)."""
     try:
@@ -144,25 +111,6 @@ def _texts(dataset: Dataset | IterableDataset, cfg: DataConfig) -> Iterator[str]
             )
         if text.strip():
             yield text
-
-
-def _builder(path: str) -> str | None:
-    name = os.path.basename(path).lower()
-    for compression in ("", *COMPRESSIONS):
-        for suffix, builder in BUILDERS.items():
-            if name.endswith(suffix + compression) and not (builder == "parquet" and compression):
-                return builder
-    return None
-
-
-def _supported_hint(path: str) -> str:
-    if path.lower().endswith(tuple(".parquet" + c for c in COMPRESSIONS)):
-        return "parquet is compressed internally and cannot be read compressed again: decompress the file"
-    return f"supported are {_SUPPORTED}"
-
-
-def _hidden(file: Path, root: str) -> bool:
-    return any(part.startswith(".") for part in file.relative_to(root).parts)
 
 
 def _missing_field(cfg: DataConfig, columns) -> str:

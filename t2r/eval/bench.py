@@ -12,13 +12,14 @@ import itertools
 import os
 import statistics
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from t2r.eval.meters import timed, unique_bytes
+from t2r.eval.static_bench import measure_static
 from t2r.layers import get_mixer
 
 MiB = 2**20
@@ -53,25 +54,16 @@ def _tensors(obj):
             yield from _tensors(value)
 
 
-def _unique_bytes(tensors) -> int:
-    """Sum of numel * element_size, one tensor per storage (the largest view of it)."""
-    per_storage: dict[tuple, int] = {}
-    for t in tensors:
-        key = (t.device, t.untyped_storage().data_ptr()) if t.numel() else ("empty", id(t))
-        per_storage[key] = max(per_storage.get(key, 0), t.numel() * t.element_size())
-    return sum(per_storage.values())
-
-
 def cache_bytes(cache) -> int:
     """Bytes held by a generation cache: every tensor in each of `cache.layers`' attributes (also inside
     dicts, lists and tuples), each storage counted once. Covers `T2RCache` (recurrent states, K/V, FoX gates)
     and transformers' `DynamicCache`."""
-    return _unique_bytes(t for layer in cache.layers for value in vars(layer).values() for t in _tensors(value))
+    return unique_bytes(t for layer in cache.layers for value in vars(layer).values() for t in _tensors(value))
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers (tied weights counted once)."""
-    return _unique_bytes([*model.parameters(), *model.buffers()])
+    return unique_bytes([*model.parameters(), *model.buffers()])
 
 
 class _PeakRSS:
@@ -104,16 +96,6 @@ class _PeakRSS:
             self._stop.set()
             self._thread.join()
             self.peak = max(self._max, self._rss()) - self._base
-
-
-def _timed(fn, device):
-    """(fn(), seconds), device-synchronised."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda device: None)
-    sync(device)
-    start = time.perf_counter()
-    result = fn()
-    sync(device)
-    return result, time.perf_counter() - start
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -150,12 +132,12 @@ def _measure(model, input_ids, decode_tokens: int, warmup: int, repeats: int, ro
     with _PeakRSS(enabled=device.type == "cpu") as rss:
         for i in range(warmup + max(repeats, 1)):
             cache = token = None  # the last repeat's cache is not alive during this prefill
-            out, seconds = _timed(lambda: model(input_ids, use_cache=True, logits_to_keep=1), device)
+            out, seconds = timed(lambda: model(input_ids, use_cache=True, logits_to_keep=1), device)
             prefill_s += [seconds] if i >= warmup else []
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             del out
             for _ in range(decode_tokens):
-                out, seconds = _timed(lambda: model(token, past_key_values=cache, use_cache=True), device)
+                out, seconds = timed(lambda: model(token, past_key_values=cache, use_cache=True), device)
                 step_s += [seconds] if i >= warmup else []
                 cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
                 del out
@@ -180,7 +162,6 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
     """
     if decode not in ("eager", "static"):
         raise ValueError(f"decode={decode!r}: choose eager (the model's own cache) or static (static buffers)")
-    from t2r.eval.static_bench import measure_static  # it imports this module's timing and byte counts
 
     measure = measure_static if decode == "static" else _measure
     device = next(model.parameters()).device

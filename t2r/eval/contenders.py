@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from t2r.layers import get_mixer
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from t2r.data import DataConfig, load_documents
+from t2r.data.rows import token_rows  # noqa: F401  (the rows `evaluate` scores: perplexity.token_rows)
 
 from .contenders import Contender
 
@@ -41,32 +41,6 @@ def bucket_edges(length: int) -> list[int]:
     """The standard edges up to `length` (the last bucket ends at `length`)."""
     edges = [e for e in BUCKET_EDGES if e < length]
     return edges + [length]
-
-
-def token_rows(data: DataConfig, tokenizer, length: int, rows: int, seed: int = 0, pack: bool = False,
-               part: str = "validation") -> torch.Tensor:
-    """`[rows, length]` token ids of held-out text: each of the first documents with at least `length`
-    tokens, cut to `length` (positions are positions in the document); with `pack`, documents joined by
-    EOS and cut into rows (positions are positions in the stream). Raises if the text is too short."""
-    rows_out, stream, seen = [], [], 0
-    eos = tokenizer.eos_token_id
-    for text in load_documents(data, seed, part):
-        seen += 1
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if pack:
-            stream += ids + ([eos] if eos is not None else [])
-            while len(stream) >= length and len(rows_out) < rows:
-                rows_out.append(stream[:length])
-                stream = stream[length:]
-        elif len(ids) >= length:
-            rows_out.append(ids[:length])
-        if len(rows_out) >= rows:
-            break
-    if not rows_out:
-        how = "joined together" if pack else "with at least that many tokens each (pack=True joins documents)"
-        raise ValueError(f"{data.path}: {seen} held-out documents give no row of {length} tokens {how}; "
-                         "lower the length or use more documents (data.held_out)")
-    return torch.tensor(rows_out, dtype=torch.long)
 
 
 @torch.no_grad()

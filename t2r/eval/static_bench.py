@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from t2r.eval.bench import _timed, _unique_bytes
+from t2r.eval.meters import timed, unique_bytes
 
 
 @torch.inference_mode()
@@ -31,20 +31,20 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
         check_static_decodable(model)  # a clear error for hybrids, FoX and windowed layers
         decoder = StaticDecoder(model, batch)
         decoder.prefill(input_ids)  # warm-up: kernels compile on the first call
-        logits, prefill_s = _timed(lambda: decoder.prefill(input_ids), device)
+        logits, prefill_s = timed(lambda: decoder.prefill(input_ids), device)
         token = logits.argmax(-1, keepdim=True)
 
         def step():
             nonlocal token
             token = decoder.step(token).argmax(-1, keepdim=True)
-        state = lambda: _unique_bytes(b for bufs in decoder.cache.buffers.values() for b in bufs)
+        state = lambda: unique_bytes(b for bufs in decoder.cache.buffers.values() for b in bufs)
     else:
         from transformers import StaticCache
 
         cache = StaticCache(config=model.config, max_cache_len=context + warmup + steps + 1)
         model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm-up, as above
         cache.reset()
-        out, prefill_s = _timed(lambda: model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1),
+        out, prefill_s = timed(lambda: model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1),
                                 device)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         position = torch.full((batch, 1), context, device=device)
@@ -57,10 +57,10 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
             logits = forward(input_ids=token, position_ids=position, past_key_values=cache, use_cache=True).logits
             token = logits[:, -1].argmax(-1, keepdim=True).clone()
             position.add_(1)
-        state = lambda: _unique_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+        state = lambda: unique_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
     for _ in range(warmup):
         step()
-    times = [_timed(step, device)[1] for _ in range(steps)]
+    times = [timed(step, device)[1] for _ in range(steps)]
     row.prefill_tokens_per_s = batch * context / prefill_s
     row.decode_ms_per_token = 1e3 * statistics.median(times)
     row.decode_tokens_per_s = batch * 1e3 / row.decode_ms_per_token

@@ -101,7 +101,7 @@ class EvalSettings:
 
 def describe(spec: str, model) -> dict:
     from t2r.convert import count_parameters
-    from t2r.models.cache import generation_memory
+    from t2r.models.generation_cache import generation_memory
 
     fixed, per_token = generation_memory(model.config, next(model.parameters()).element_size())
     return {"spec": spec, "model_type": model.config.model_type, "parameters": count_parameters(model),

@@ -13,17 +13,21 @@ from torch import nn
 
 from t2r.layers.feature_maps import FEATURE_MAP_FUNCTIONS
 from t2r.layers.options import MixerOptions
+from t2r.layers.registry import teacher_init_refusal
 from t2r.layers.state import RecurrentStateLayer, WindowedStateLayer
 
 
-REUSED_MODULES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "q_norm", "k_norm")
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+"""The source attention's projections, under the sources' names (`qkv_proj`: Phi-3's fused q | k | v): reused by a
+converted layer, and the default LoRA targets."""
+REUSED_MODULES = (*ATTENTION_PROJECTIONS, "q_norm", "k_norm")
 """Submodules a converted layer takes from the source attention, under their source names: pretrained, never
-new gates (`qkv_proj`: Phi-3's fused projection; `q_norm` / `k_norm`: Qwen3's and Gemma 3's per-head norms)."""
+new gates (the projections; `q_norm` / `k_norm`: Qwen3's and Gemma 3's per-head norms)."""
 
 
 def decay_for_lookback(lookback: torch.Tensor, max_lookback: float = 4096.0) -> torch.Tensor:
     """Per-step decay gamma whose exponential weights (1 - gamma) gamma^k have mean look-back `lookback`
-    tokens: gamma = d / (1 + d), d clamped to [1, max_lookback] (`t2r.eval.lookback` measures d)."""
+    tokens: gamma = d / (1 + d), d clamped to [1, max_lookback] (`t2r.convert.lookback` measures d)."""
     d = lookback.double().clamp(1.0, max_lookback)
     return d / (1 + d)
 
@@ -151,9 +155,8 @@ class ConvertedAttention(nn.Module):
 
     def init_from_lookback(self, lookback: torch.Tensor) -> None:
         """Set the forget gates' starting decay from the source's per-query-head look-back `lookback` `[HQ]`
-        (`t2r.eval.lookback`); mixers without a learned decay refuse."""
-        raise ValueError(f"init='teacher': {self.target} has no learned forget-gate decay to set from the source's "
-                         "attention (supported: gla, fox)")
+        (`t2r.convert.lookback`); mixers without a learned decay refuse."""
+        raise ValueError(teacher_init_refusal(self.target))
 
     def group_lookback(self, lookback: torch.Tensor) -> torch.Tensor:
         """`[HQ]` -> `[H]`: the mean look-back of the query heads that share each kv head."""

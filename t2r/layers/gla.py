@@ -43,7 +43,7 @@ class LowRankForgetGate(nn.Module):
 
 class GatedLinearAttention(RecurrentMixer):
     """`init_from_lookback`: the gate's bias b_h = logit(gamma_h^tau) per kv head, gamma_h from the look-back of
-    its query heads (`t2r.eval.lookback.decay_for_lookback`), instead of RetNet's fixed schedule."""
+    its query heads (`t2r.layers.base.decay_for_lookback`), instead of RetNet's fixed schedule."""
 
     target = "gla"
 

@@ -39,6 +39,11 @@ class MixerOptions:
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map={self.feature_map!r} is not one of {FEATURE_MAPS}")
 
+    def starts_as_source(self) -> str | None:
+        """Why a freshly converted layer with these options computes what the source attention did (said after
+        `t2r convert`), or None: it computes something else until finetuned."""
+        return None
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -125,3 +130,8 @@ class FoXOptions(MixerOptions):
     rope: bool = True
     fox_gate_bias: float = option(
         8.0, "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)")
+
+    def starts_as_source(self) -> str | None:
+        if not self.rope:
+            return None
+        return "its forget gates start open, so it writes like the source model until finetuning teaches them to forget"

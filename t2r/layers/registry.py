@@ -1,7 +1,8 @@
 """The mixer registry: one `MixerSpec` per conversion target, the only list of targets in t2r.
 
 Conversion, the config, the generation cache, generation memory, recipe validation, the `t2r convert` flags
-and the test matrices all read `MIXERS`. A spec names its layer class as `"module:Class"`, imported on first
+and the test matrices all read `MIXERS`; whatever differs per target is on its spec, its options class or its
+layer class, never a list of target names elsewhere. A spec names its layer class as `"module:Class"`, imported on first
 use, so reading the registry (and `t2r --help`) needs no torch.
 
 Adding a mixer: a `ConvertedAttention` subclass (its state, cache layer and state bytes live on the class,
@@ -29,6 +30,9 @@ class MixerSpec:
     """One line for the README's table of targets."""
     adds_parameters: bool = True
     """Whether a converted layer has parameters of its own (gates), trained by `train.trainable: gates`."""
+    teacher_init: bool = False
+    """Whether `init="teacher"` applies: the layer has learned forget gates whose decay starts from the source's
+    look-back (its class implements `ConvertedAttention.init_from_lookback`)."""
 
     @property
     def layer_class(self) -> type:
@@ -91,6 +95,17 @@ def resolve_options(target: str, **overrides) -> MixerOptions:
     return get_mixer(target).resolve_options(**overrides)
 
 
+def teacher_init_targets() -> list[str]:
+    """The registered targets that `init="teacher"` applies to (`MixerSpec.teacher_init`)."""
+    return [name for name, spec in MIXERS.items() if spec.teacher_init]
+
+
+def teacher_init_refusal(target: str) -> str:
+    """The error for `init="teacher"` on a target it does not apply to."""
+    return (f"init='teacher': {target} has no learned forget-gate decay to set from the source's attention "
+            f"(supported: {', '.join(teacher_init_targets())})")
+
+
 def option_names() -> list[str]:
     """Every option of every registered mixer, once, in order of first appearance."""
     names: dict[str, None] = {}
@@ -110,10 +125,10 @@ register_mixer(MixerSpec(
     summary="gated slot attention: M slots per kv head read by softmax (Zhang et al. 2024)"))
 register_mixer(MixerSpec(
     "gla", GLAOptions, "t2r.layers.gla:GatedLinearAttention", constant_memory=True,
-    summary="gated linear attention, low-rank data-dependent decay (Yang et al. 2024)"))
+    summary="gated linear attention, low-rank data-dependent decay (Yang et al. 2024)", teacher_init=True))
 register_mixer(MixerSpec(
     "retnet", RetNetOptions, "t2r.layers.retnet:RetentionAttention", constant_memory=True,
     summary="retention: fixed per-head decay, no new parameter (Sun et al. 2023)", adds_parameters=False))
 register_mixer(MixerSpec(
     "fox", FoXOptions, "t2r.layers.fox:ForgettingAttention", constant_memory=False,
-    summary="forgetting attention: softmax with a forget gate, keeps K/V (Lin et al. 2025)"))
+    summary="forgetting attention: softmax with a forget gate, keeps K/V (Lin et al. 2025)", teacher_init=True))

@@ -1,7 +1,8 @@
 """Configs of converted models: the source architecture's config plus which mixer each layer runs.
 
 One config class per source architecture (transformers ignores registrations against its own config
-classes, so these are ours), each a `@strict` dataclass so bad fields fail at construction.
+classes, so these are ours), each a `@strict` dataclass so bad fields fail at construction, named by its
+`SourceAdapter` (`t2r.models.architectures`), whose `model_type` it carries with the `t2r_` prefix.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from t2r.layers import MIXERS, MixerOptions, get_mixer
+from t2r.models.architectures import get_source
 
 
 @dataclass(kw_only=True)
@@ -19,8 +21,9 @@ class T2RConfigMixin:
     """Fields shared by every converted config.
 
     `layer_types` keeps transformers' vocabulary (`linear_attention` for recurrent layers, the source's
-    `full_attention` / `sliding_attention` for softmax and FoX layers); the mixer kind lives in `t2r_mixers`
-    because transformers validates `layer_types` against a fixed list.
+    `full_attention` / `sliding_attention` for softmax and FoX layers, unless the source's adapter says
+    otherwise: `SourceAdapter.marks_recurrent_layers`); the mixer kind lives in `t2r_mixers` because transformers
+    validates `layer_types` against a fixed list.
     """
 
     layer_types: list[str] | None = None
@@ -48,17 +51,13 @@ class T2RConfigMixin:
             self.t2r_options[target] = get_mixer(target).options_from_config(saved).to_dict()
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * n
-        if not self.marks_recurrent_layers:
+        if not get_source(self.model_type).marks_recurrent_layers:
             return
         self.layer_types = [
             "linear_attention" if mixer != "softmax" and get_mixer(mixer).constant_memory else
             ("full_attention" if layer_type == "linear_attention" else layer_type)
             for mixer, layer_type in zip(self.t2r_mixers, self.layer_types)
         ]
-
-    marks_recurrent_layers = True
-    """Mark constant-memory layers `linear_attention` in `layer_types`; off where the source keys more on its
-    own layer types (Gemma 3: one rotary embedding per type, and its config check refuses other types)."""
 
     def mixer_options(self, layer_idx: int) -> MixerOptions:
         target = self.t2r_mixers[layer_idx]
@@ -99,4 +98,3 @@ class T2RPhi3Config(T2RConfigMixin, Phi3Config):
 @strict
 class T2RGemma3TextConfig(T2RConfigMixin, Gemma3TextConfig):
     model_type = "t2r_gemma3_text"
-    marks_recurrent_layers = False

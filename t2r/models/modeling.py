@@ -8,6 +8,7 @@ a forward that hands each layer the mask it needs, and the recurrent-state cache
 
 
 import torch
+from torch import nn
 from transformers import (
     Gemma3ForCausalLM, Gemma3TextModel, LlamaForCausalLM, Phi3ForCausalLM, Phi3Model, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
     Qwen3Model,
@@ -20,7 +21,8 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from t2r.layers import ConvertedAttention, build_mixer
-from t2r.models.cache import T2RCache
+from t2r.models.architectures import get_source
+from t2r.models.generation_cache import T2RCache
 from t2r.models.configuration import (
     T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
 )
@@ -47,6 +49,7 @@ class T2RModelMixin:
 
     def __init__(self, config):
         super().__init__(config)
+        self.rotary_per_layer_type = get_source(config.model_type).rotary_per_layer_type
         for layer_idx, mixer in enumerate(config.t2r_mixers):
             if mixer != "softmax":
                 layer = self.layers[layer_idx]
@@ -74,7 +77,10 @@ class T2RModelMixin:
         return masks[self.config.layer_types[layer_idx]]
 
     def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
-        """(cos, sin) per layer type: one rotary embedding shared by every layer in most sources."""
+        """(cos, sin) per layer type: one rotary embedding shared by every layer in most sources, one per type
+        where the source's differs by type (`SourceAdapter.rotary_per_layer_type`)."""
+        if self.rotary_per_layer_type:
+            return {kind: self.rotary_emb(hidden_states, position_ids, kind) for kind in set(self.config.layer_types)}
         shared = self.rotary_emb(hidden_states, position_ids=position_ids)
         return dict.fromkeys(set(self.config.layer_types), shared)
 
@@ -111,11 +117,17 @@ class T2RCausalLMMixin:
     _is_stateful = True
     _can_compile_fullgraph = False
     _supports_flash_attn = False
-    base_model_class: type
 
     def __init__(self, config):
-        super().__init__(config)
-        self.model = self.base_model_class(config)
+        """The source causal LM's `__init__` (the same in every source) with the converted base model
+        (`SourceAdapter.model_class`) in place of the source's, which is never built: `super(source_class)`
+        skips the source class's own body (`tests/models/test_sources.py` checks the result for every source)."""
+        mro = type(self).__mro__
+        source_class = mro[mro.index(T2RCausalLMMixin) + 1]  # e.g. LlamaForCausalLM
+        super(source_class, self).__init__(config)
+        self.model = get_source(config.model_type).model_class(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @classmethod
@@ -138,7 +150,6 @@ class T2RLlamaModel(T2RModelMixin, LlamaModel):
 
 class T2RLlamaForCausalLM(T2RCausalLMMixin, LlamaForCausalLM):
     config: T2RLlamaConfig
-    base_model_class = T2RLlamaModel
 
 
 class T2RMistralModel(T2RModelMixin, MistralModel):
@@ -147,7 +158,6 @@ class T2RMistralModel(T2RModelMixin, MistralModel):
 
 class T2RMistralForCausalLM(T2RCausalLMMixin, MistralForCausalLM):
     config: T2RMistralConfig
-    base_model_class = T2RMistralModel
 
 
 class T2RQwen2Model(T2RModelMixin, Qwen2Model):
@@ -156,7 +166,6 @@ class T2RQwen2Model(T2RModelMixin, Qwen2Model):
 
 class T2RQwen2ForCausalLM(T2RCausalLMMixin, Qwen2ForCausalLM):
     config: T2RQwen2Config
-    base_model_class = T2RQwen2Model
 
 
 class T2RQwen3Model(T2RModelMixin, Qwen3Model):
@@ -165,7 +174,6 @@ class T2RQwen3Model(T2RModelMixin, Qwen3Model):
 
 class T2RQwen3ForCausalLM(T2RCausalLMMixin, Qwen3ForCausalLM):
     config: T2RQwen3Config
-    base_model_class = T2RQwen3Model
 
 
 class T2RPhi3Model(T2RModelMixin, Phi3Model):
@@ -174,19 +182,11 @@ class T2RPhi3Model(T2RModelMixin, Phi3Model):
 
 class T2RPhi3ForCausalLM(T2RCausalLMMixin, Phi3ForCausalLM):
     config: T2RPhi3Config
-    base_model_class = T2RPhi3Model
 
 
 class T2RGemma3TextModel(T2RModelMixin, Gemma3TextModel):
-    """Gemma 3 text: the scaled embedding is the source's own `embed_tokens`; RoPE differs per layer type
-    (local base 10k for sliding layers, 1M for global ones), and a converted FoX layer keeps its source's."""
-
     config: T2RGemma3TextConfig
-
-    def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
-        return {kind: self.rotary_emb(hidden_states, position_ids, kind) for kind in set(self.config.layer_types)}
 
 
 class T2RGemma3ForCausalLM(T2RCausalLMMixin, Gemma3ForCausalLM):
     config: T2RGemma3TextConfig
-    base_model_class = T2RGemma3TextModel

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from t2r.layers import get_mixer
-from t2r.models.cache import T2RCache
+from t2r.models.generation_cache import T2RCache
 
 
 def check_static_decodable(model) -> None:

@@ -14,8 +14,10 @@ import typing
 
 import yaml
 
+from t2r.convert.layer_spec import check_layer_spec
 from t2r.eval.suite import HELD_OUT
 from t2r.layers import MIXERS, get_mixer
+from t2r.layers.registry import teacher_init_targets
 from t2r.paths import check_model_spec, is_local
 
 from .fields import RecipeError, coerce, suggest
@@ -28,9 +30,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _INHERITED = {"lr": "train.lr", "warmup_steps": "train.warmup_steps", "schedule": "train.schedule",
               "min_lr_ratio": "train.min_lr_ratio", "trainable": "train.trainable", "seq_len": "data.seq_len",
               "micro_batch_size": "train.micro_batch_size"}
-_LAYER_PART = r"\s*(-?\d+|\d+\s*-\s*\d+)\s*"
-_LAYERS = re.compile(rf"{_LAYER_PART}(,{_LAYER_PART})*,?\s*")
-_AUTO = re.compile(r"\s*auto:\d+\s*")
 
 
 def stages_from_sections(sections: dict, data: dict) -> list | None:
@@ -203,9 +202,9 @@ def check_recipe(recipe, check_files: bool) -> None:
     if train.trainable != "lora" and recipe.lora is not None:
         raise RecipeError(f"lora: set, but train.trainable is {train.trainable!r}; "
                           "set train.trainable=lora or remove the lora section")
-    if convert.init == "teacher" and convert.target not in ("gla", "fox"):
+    if convert.init == "teacher" and convert.target not in teacher_init_targets():
         raise RecipeError(f"convert.init: 'teacher' sets learned forget-gate decays, which {convert.target!r} does not "
-                          "have (supported: gla, fox); use convert.init=default")
+                          f"have (supported: {', '.join(teacher_init_targets())}); use convert.init=default")
     if train.trainable == "gates":
         check_gates(recipe, "train.trainable")
     if convert.target == "none":
@@ -233,9 +232,11 @@ def check_recipe(recipe, check_files: bool) -> None:
 
 
 def _check_conversion(convert) -> None:
-    if convert.layers is not None and not (_LAYERS.fullmatch(convert.layers) or _AUTO.fullmatch(convert.layers)):
-        raise RecipeError(f"convert.layers: {convert.layers!r} is not a layer list like '0-11,15,-1' or "
-                          "'auto:N' (keep the N most sensitive layers softmax)")
+    if convert.layers is not None:
+        try:
+            check_layer_spec(convert.layers)
+        except ValueError as err:
+            raise RecipeError(f"convert.layers: {err}") from None
     spec = get_mixer(convert.target)
     hints = typing.get_type_hints(spec.options)
     for key, value in convert.options.items():
@@ -253,7 +254,7 @@ def _check_conversion(convert) -> None:
 
 
 def _check_paths(recipe) -> None:
-    from t2r.data.documents import local_files
+    from t2r.data.files import local_files
 
     try:  # one rule for local paths vs hub ids (t2r.paths): a missing local path fails here, by name
         check_model_spec(recipe.model.source)

@@ -8,11 +8,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from t2r.convert import convert
+from t2r.convert import calibrated_convert
 from t2r.dtypes import torch_dtype
-from t2r.eval.lookback import teacher_lookback
-from t2r.eval.sensitivity import resolve_layers
-from t2r.layers.base import REUSED_MODULES, ConvertedAttention
+from t2r.layers.base import ATTENTION_PROJECTIONS, REUSED_MODULES, ConvertedAttention
 from t2r.sources import load_source
 
 
@@ -46,21 +44,17 @@ def build_model(recipe, dtype: torch.dtype | None = None):
     if recipe.convert.target == "none":
         model = source
     else:
-        # measured on the main process only: under FSDP's RAM-efficient loading the others hold no weights
-        layers = from_main_process(lambda: resolve_layers(
-            recipe.convert.layers, source, tokenizer, recipe.convert.target, data=recipe.data.data_config(),
-            length=min(512, recipe.data.seq_len), out_dir=Path(recipe.checkpoint.dir) / "layer_ranking",
-            **recipe.convert.options))
-        lookback = None
-        if recipe.convert.init == "teacher":
-            lookback = from_main_process(lambda: teacher_lookback(source, tokenizer, recipe.data.data_config(),
-                                                                  length=min(512, recipe.data.seq_len)))
         wants_teacher = recipe.needs_teacher
         teacher_dtype = torch_dtype(recipe.model.dtype)
         # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
-        # dtype would then share them (casting the teacher to another dtype gives it tensors of its own)
-        model = convert(source, recipe.convert.target, layers=layers, source=recipe.model.source, lookback=lookback,
-                        copy=wants_teacher and teacher_dtype == dtype, **recipe.convert.options)
+        # dtype would then share them (casting the teacher to another dtype gives it tensors of its own). The
+        # calibration is measured on the main process only: under FSDP's RAM-efficient loading the others hold
+        # no weights
+        model = calibrated_convert(
+            source, tokenizer, recipe.convert.target, layers=recipe.convert.layers, init=recipe.convert.init,
+            data=recipe.data.data_config(), length=min(512, recipe.data.seq_len),
+            ranking_dir=Path(recipe.checkpoint.dir) / "layer_ranking", measure=from_main_process,
+            source=recipe.model.source, copy=wants_teacher and teacher_dtype == dtype, **recipe.convert.options)
         if wants_teacher:  # the loaded source itself serves as the teacher, no second load
             teacher = source.to(teacher_dtype).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:
@@ -149,7 +143,7 @@ def select_trainable(model: nn.Module, recipe) -> nn.Module:
 def attention_projections(model: nn.Module) -> list[str]:
     """The names of the attention projections `model` has (the default LoRA targets)."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return [name for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj") if name in present]
+    return [name for name in ATTENTION_PROJECTIONS if name in present]
 
 
 def check_lora_targets(model: nn.Module, targets) -> None:

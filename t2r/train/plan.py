@@ -36,8 +36,7 @@ class Counts:
 
 def count_parameters(recipe, config) -> Counts:
     """Parameters of the model the recipe trains (converted on the meta device), and how many train."""
-    from t2r.convert import t2r_config
-    from t2r.eval.sensitivity import auto_softmax_count
+    from t2r.convert import auto_softmax_count, t2r_config
     from t2r.models import ARCHITECTURES
 
     from .model_setup import attention_projections, new_module_names

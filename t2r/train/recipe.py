@@ -63,7 +63,7 @@ class ConvertSection:
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
     init: str = "default"
     """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
-    attention looks on the training text, `t2r.eval.lookback`; gla and fox)."""
+    attention looks on the training text, `t2r.convert.lookback`; targets with `MixerSpec.teacher_init`)."""
     RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")}}
 
 

@@ -9,7 +9,7 @@ import torch
 
 import t2r
 from t2r.eval.bench import BenchRow, bench_model, cache_bytes, format_table, parse_sizes, plot
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 from tests.models.conftest import tiny_source
 
 CONTEXTS = (16, 64, 128)

@@ -6,7 +6,7 @@ import torch
 
 import t2r
 from t2r.eval.contenders import Contender, memory_matched_window, window_sink_mask
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 from tests.models.conftest import ARCHS, tiny_source
 
 VOCAB = 97  # tiny_source's vocabulary; ids 0-2 are pad/bos/eos, so random rows use 3..96

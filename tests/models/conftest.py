@@ -1,13 +1,17 @@
-"""Tiny random source models of every supported architecture (built from configs, no download)."""
+"""Tiny random source models of every supported architecture (built from configs, no download).
+
+`TINY_SOURCES` has one row per registered source (`t2r.ARCHITECTURES`): what its tiny config sets beyond
+`COMMON`, and which weights to randomise so that a converted layer that drops one of the source's modules shows.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
 
 import pytest
 import torch
-from transformers import (
-    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Phi3Config, Phi3ForCausalLM, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
 from t2r.layers import MIXERS
+from t2r.models import ARCHITECTURES
 
 COMMON = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -16,49 +20,68 @@ COMMON = dict(
 )
 
 
+@dataclass(frozen=True)
+class TinySource:
+    """How the tests build a tiny random model of one source architecture."""
+
+    config: dict = field(default_factory=dict)
+    """Config fields beyond `COMMON` (overridden by `tiny_source`'s own)."""
+    derived: Callable[[dict], dict] = lambda fields: {}
+    """Config fields computed from the others (overridden by any given field)."""
+    prepare: Callable[[torch.nn.Module], None] = lambda model: None
+    """Changes to the random weights (in place, under no_grad) that make a dropped source module show up."""
+
+
+def same_head_dim(fields: dict) -> dict:
+    """Qwen3's and Gemma 3's head_dim defaults to a fixed number, not hidden / heads."""
+    return {"head_dim": fields["hidden_size"] // fields["num_attention_heads"]}
+
+
+def random_qk_norms(model) -> None:
+    """q/k norm weights that are not all ones, so a dropped norm shows up."""
+    for layer in model.model.layers:
+        layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+        layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+
+
+def random_norms(model) -> None:
+    """Gemma's norms start at zero (it scales by 1 + w): make them matter."""
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.uniform_(-0.5, 0.5)
+
+
+TINY_SOURCES = {
+    "llama": TinySource(),
+    "mistral": TinySource({"sliding_window": 16}),
+    "qwen2": TinySource(),
+    "qwen3": TinySource(derived=same_head_dim, prepare=random_qk_norms),
+    "phi3": TinySource({"partial_rotary_factor": 0.5}),  # fused qkv_proj, RoPE on half of each head
+    "gemma3_text": TinySource(
+        {"query_pre_attn_scalar": 12, "sliding_window": 16},  # a scale that is not head_dim: ignoring it shows
+        derived=lambda fields: {**same_head_dim(fields), "layer_types": [
+            "full_attention" if i % 2 else "sliding_attention" for i in range(fields["num_hidden_layers"])]},
+        prepare=random_norms),
+}
+
+
 def tiny_source(arch: str, seed: int = 0, **overrides):
+    """A tiny random source model of `arch` (a key of `t2r.ARCHITECTURES`), in eval mode."""
+    if arch not in TINY_SOURCES:
+        raise KeyError(f"no tiny {arch!r} source: add a row to TINY_SOURCES in tests/models/conftest.py")
+    row = TINY_SOURCES[arch]
+    config_class, _, causal_lm_class = ARCHITECTURES[arch].source_classes
     torch.manual_seed(seed)
-    if arch == "llama":
-        config = LlamaConfig(**{**COMMON, **overrides})
-        model = LlamaForCausalLM(config)
-    elif arch == "mistral":
-        config = MistralConfig(**{**COMMON, "sliding_window": 16, **overrides})
-        model = MistralForCausalLM(config)
-    elif arch == "qwen2":
-        config = Qwen2Config(**{**COMMON, **overrides})
-        model = Qwen2ForCausalLM(config)
-    elif arch == "qwen3":
-        fields = {**COMMON, **overrides}  # Qwen3Config's head_dim defaults to 128, not hidden / heads
-        config = Qwen3Config(**{"head_dim": fields["hidden_size"] // fields["num_attention_heads"], **fields})
-        model = Qwen3ForCausalLM(config)
-        with torch.no_grad():  # q/k norm weights that are not all ones, so a dropped norm shows up
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
-    elif arch == "phi3":  # fused qkv_proj, RoPE on half of each head
-        config = Phi3Config(**{**COMMON, "partial_rotary_factor": 0.5, **overrides})
-        model = Phi3ForCausalLM(config)
-    elif arch == "gemma3_text":
-        fields = {**COMMON, **overrides}
-        n = fields["num_hidden_layers"]
-        config = Gemma3TextConfig(**{
-            "head_dim": fields["hidden_size"] // fields["num_attention_heads"],
-            "query_pre_attn_scalar": 12,  # not head_dim: a mixer that ignores the source's scale shows up
-            "sliding_window": 16, "layer_types": ["full_attention" if i % 2 else "sliding_attention" for i in range(n)],
-            **fields})
-        model = Gemma3ForCausalLM(config)
-        with torch.no_grad():  # norms start at zero (Gemma scales by 1 + w): make them matter
-            for name, param in model.named_parameters():
-                if "norm" in name:
-                    param.uniform_(-0.5, 0.5)
-    else:
-        raise ValueError(arch)
-    with torch.no_grad():  # a pad embedding that is not zero, so missing padding masks show up
+    fields = {**COMMON, **row.config, **overrides}
+    model = causal_lm_class(config_class(**{**row.derived(fields), **fields}))
+    with torch.no_grad():
+        row.prepare(model)
+        # a pad embedding that is not zero, so missing padding masks show up
         model.get_input_embeddings().weight[COMMON["pad_token_id"]].normal_()
     return model.eval()
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+ARCHS = tuple(ARCHITECTURES)  # every registered source
 TARGETS = tuple(MIXERS)  # every registered target
 
 

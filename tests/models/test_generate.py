@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import t2r
-from t2r.models.cache import GatedKVLayer, RecurrentStateLayer
+from t2r.layers.state import GatedKVLayer, RecurrentStateLayer
 from tests.models.conftest import small, tiny_source
 
 TOL = dict(rtol=1e-4, atol=1e-4)  # fp32: chunkwise prefill vs recurrent steps differ only by rounding
@@ -109,7 +109,7 @@ def test_generate_matches_a_manual_greedy_loop():
 
 
 def test_reported_cache_memory_matches_the_cache(target):
-    from t2r.models.cache import generation_memory
+    from t2r.models.generation_cache import generation_memory
 
     model = converted("llama", target, layers=[0, 2])
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_cache_memory_refuses_a_mixer_it_does_not_know():
     """An unknown mixer is an error, never silently counted as per-token K/V."""
     from types import SimpleNamespace
 
-    from t2r.models.cache import generation_memory
+    from t2r.models.generation_cache import generation_memory
 
     config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=64,
                              num_hidden_layers=2, t2r_mixers=["gsa_v2", "softmax"], t2r_options={})

@@ -1,5 +1,5 @@
-"""The mixer registry: a mixer defined and registered here, and nowhere else, goes through every stage;
-the README's tables follow the registries."""
+"""The mixer registry: a mixer defined and registered here, and nowhere else, goes through every stage (its
+per-target facts, such as init="teacher", on its spec and class); the README's tables follow the registries."""
 
 import re
 from dataclasses import dataclass
@@ -14,8 +14,9 @@ from transformers import initialization as init
 import t2r
 from t2r.cli import build_parser
 from t2r.layers import MIXERS, MixerSpec, RecurrentMixer, get_mixer, register_mixer, unregister_mixer
+from t2r.layers.base import ConvertedAttention, decay_for_lookback
 from t2r.layers.options import MixerOptions, option
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 from tests.models.conftest import tiny_source
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -47,6 +48,12 @@ class LearnedDecayAttention(RecurrentMixer):
         decay = torch.tensor(self.options.initial_decay)
         init.constant_(self.decay_logit, float(torch.log(decay / (1 - decay))))
 
+    @torch.no_grad()
+    def init_from_lookback(self, lookback: torch.Tensor) -> None:
+        """init="teacher": each kv head's decay from its query heads' look-back."""
+        decay = decay_for_lookback(self.group_lookback(lookback))
+        self.decay_logit.copy_(torch.log(decay / (1 - decay)).to(self.decay_logit))
+
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         assert cu_seqlens is None
         batch, length, q_heads, dim = q.shape
@@ -63,7 +70,7 @@ class LearnedDecayAttention(RecurrentMixer):
 @pytest.fixture
 def decay_mixer():
     spec = register_mixer(MixerSpec("decay", DecayOptions, LearnedDecayAttention, constant_memory=True,
-                                    summary="learned per-head decay (test only)"))
+                                    summary="learned per-head decay (test only)", teacher_init=True))
     yield spec
     unregister_mixer("decay")
 
@@ -100,6 +107,25 @@ def test_a_mixer_registered_outside_t2r_converts_generates_saves_and_reloads(dec
     assert reloaded.config.t2r_options["decay"]["initial_decay"] == 0.8
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, full)
+
+
+def test_a_registered_mixer_with_learned_decays_takes_init_teacher_everywhere(decay_mixer):
+    from tests.train.test_recipe import make
+
+    lookback = torch.tensor([[3.0, 5.0, 9.0, 11.0]] * 3)
+    model = t2r.convert(tiny_source("llama"), "decay", lookback=lookback)
+    torch.testing.assert_close(torch.sigmoid(model.model.layers[1].self_attn.decay_logit),
+                               decay_for_lookback(torch.tensor([4.0, 10.0])).float())
+    assert make("convert.target=decay", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
+    convert_help = build_parser()._subparsers._group_actions[0].choices["convert"].format_help()
+    assert "(gla, fox, decay)" in " ".join(convert_help.split())  # --init teacher's targets
+    with pytest.raises(ValueError, match=r"retnet has no learned forget-gate decay .*\(supported: gla, fox, decay\)"):
+        t2r.convert(tiny_source("llama"), "retnet", lookback=lookback)
+
+
+def test_teacher_init_is_set_for_the_layers_that_take_a_lookback(decay_mixer):
+    for name, spec in MIXERS.items():
+        assert spec.teacher_init == (spec.layer_class.init_from_lookback is not ConvertedAttention.init_from_lookback)
 
 
 def test_a_registered_mixer_gets_its_convert_flags(decay_mixer):

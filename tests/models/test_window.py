@@ -75,7 +75,7 @@ def test_prefill_then_decode_equals_full_forward(arch, fixed_target, split):
 
 
 def test_generation_memory_is_constant_and_reported(fixed_target):
-    from t2r.models.cache import generation_memory
+    from t2r.models.generation_cache import generation_memory
 
     model = windowed("llama", fixed_target, layers=[0, 2])
     with torch.no_grad():

@@ -7,9 +7,9 @@ import torch
 
 import t2r
 from t2r.cli import main
-from t2r.eval.lookback import attention_lookback
+from t2r.convert.lookback import attention_lookback
 from t2r.layers.base import decay_for_lookback
-from tests.eval.test_sensitivity import write_words
+from tests.convert.test_sensitivity import write_words
 from tests.models.conftest import tiny_source
 from tests.test_cli import save_tiny_source
 

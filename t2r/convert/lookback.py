@@ -6,8 +6,9 @@ token whatever the head does), and queries before `2 * sinks` are skipped. The m
 head's look-back d_h, in tokens.
 
 A decaying state with per-step factor gamma weighs a token k steps back by (1 - gamma) gamma^k, whose mean
-distance is gamma / (1 - gamma): `t2r.layers.base.decay_for_lookback` inverts it, gamma = d / (1 + d). Converted layers set their
-forget gates' starting decay from it (`ConvertedAttention.init_from_lookback`).
+distance is gamma / (1 - gamma): `t2r.layers.base.decay_for_lookback` inverts it, gamma = d / (1 + d). Converted
+layers set their forget gates' starting decay from it (`ConvertedAttention.init_from_lookback`);
+`t2r.convert.calibration.teacher_lookback` measures it on calibration text.
 """
 
 from __future__ import annotations
@@ -38,11 +39,3 @@ def attention_lookback(source, input_ids: torch.Tensor, sinks: int = 4) -> torch
         return total / len(input_ids)
     finally:
         source.set_attn_implementation(previous)
-
-
-def teacher_lookback(source, tokenizer, data=None, rows: int = 4, length: int = 512) -> torch.Tensor:
-    """`attention_lookback` on calibration text (`t2r.eval.sensitivity.calibration_rows`: `data`'s training
-    documents, or generated ones)."""
-    from t2r.eval.sensitivity import calibration_rows
-
-    return attention_lookback(source, calibration_rows(tokenizer, data, rows, length))

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from t2r.cli import main
-from t2r.eval import sensitivity
-from t2r.eval.sensitivity import LayerRanking, auto_softmax_count, rank_layers, resolve_layers
+from t2r.convert import calibration
+from t2r.convert.calibration import resolve_layers
+from t2r.convert.sensitivity import LayerRanking, rank_layers
 from tests.models.conftest import tiny_source
 from tests.test_cli import save_tiny_source
 from tests.train.conftest import corpus, source_dir  # noqa: F401  (fixtures)
@@ -34,14 +35,12 @@ def test_fox_with_a_closed_forget_gate_is_the_source_at_every_layer():
     assert max(ranking.kl) < 1e-6
 
 
-def test_counts_and_specs():
+def test_most_sensitive_and_converted_layers():
     ranking = LayerRanking("gsa", kl=[0.3, 0.1, 0.5, 0.2], tokens=10)
     assert ranking.most_sensitive(2) == [0, 2] and ranking.converted_layers(2) == [1, 3]
     assert ranking.converted_layers(0) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="keep between 0 and 3 of 4 layers"):
         ranking.most_sensitive(4)
-    assert [auto_softmax_count(s) for s in ("auto:3", " auto:0", "0-3", None, [1], "auto:x")] == \
-        [3, 0, None, None, None, None]
 
 
 def test_write_saves_json_and_plot(tmp_path):
@@ -54,10 +53,10 @@ def test_write_saves_json_and_plot(tmp_path):
 def test_resolve_layers_reuses_a_saved_ranking_for_the_same_calibration(tmp_path, monkeypatch):
     source = tiny_source("llama")
     tokenizer_calls = []
-    monkeypatch.setattr(sensitivity, "calibration_rows", lambda *a, **k: tokenizer_calls.append(1) or IDS)
+    monkeypatch.setattr(calibration, "calibration_rows", lambda *a, **k: tokenizer_calls.append(1) or IDS)
     first = resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, progress=False, num_slots=4)
     assert len(first) == 2 and tokenizer_calls == [1]
-    monkeypatch.setattr(sensitivity, "rank_layers", lambda *a, **k: pytest.fail("ranked again"))
+    monkeypatch.setattr(calibration, "rank_layers", lambda *a, **k: pytest.fail("ranked again"))
     assert resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, num_slots=4) == first
     assert resolve_layers("0,2", source, None, "gsa", out_dir=tmp_path) == "0,2"  # not auto: untouched
     with pytest.raises(ValueError, match="keep between 0 and 2 of 3 layers"):

@@ -3,7 +3,8 @@
 A layer's sensitivity is KL(source || model with only that layer converted), in nats per token, on sample text:
 how much the model's predictions move when that one attention is swapped for a freshly converted mixer
 (HALO, Zebra-Llama and fla's hybrid distillation rank layers this way rather than by position). Keeping the N
-most sensitive layers as softmax is `layers: "auto:N"` in `t2r convert` and in recipes.
+most sensitive layers as softmax is `layers: "auto:N"` in `t2r convert` and in recipes
+(`t2r.convert.calibration.resolve_layers`).
 
 The converted layer is untrained here (no alignment step), so the ranking says where the model leans on exact
 softmax attention, measured on the text given: use text like the finetuning data.
@@ -12,7 +13,6 @@ softmax attention, measured on the text given: use text like the finetuning data
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,14 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-AUTO_LAYERS = re.compile(r"auto:(\d+)")
-"""`layers` spec that keeps the N most sensitive layers as softmax and converts the rest."""
-
-
-def auto_softmax_count(spec) -> int | None:
-    """N of an `auto:N` layers spec, or None for any other spec."""
-    match = AUTO_LAYERS.fullmatch(spec.strip()) if isinstance(spec, str) else None
-    return int(match.group(1)) if match else None
+from t2r.convert.conversion import convert
 
 
 @dataclass
@@ -102,8 +95,6 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
                 **options) -> LayerRanking:
     """Convert one layer at a time (`t2r.convert(source, target, layers=[i], **options)`) and measure its KL
     to `source` on `input_ids` `[rows, length]`."""
-    from t2r.convert import convert
-
     source = source.eval()
     device = next(source.parameters()).device
     reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False).logits[:, :-1].float(),
@@ -116,46 +107,3 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
         del single
     return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
                         options=dict(options))
-
-
-def calibration_rows(tokenizer, data=None, rows: int = 4, length: int = 512, seed: int = 0) -> torch.Tensor:
-    """`[rows, length]` token ids for ranking: documents of `data` (a `DataConfig`; its training part) joined
-    end to end, or, without data, generated long documents (`t2r.data.synthetic`)."""
-    from t2r.eval.perplexity import token_rows
-
-    if data is None:
-        import tempfile
-
-        from t2r.data.config import DataConfig
-        from t2r.data.synthetic import write_long_jsonl
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = write_long_jsonl(Path(tmp) / "calibration.jsonl", count=rows, seed=20_000 + seed)
-            return token_rows(DataConfig(path=str(path)), tokenizer, length, rows, seed, pack=True, part="train")
-    return token_rows(data, tokenizer, length, rows, seed, pack=True, part="train")
-
-
-def resolve_layers(spec, source, tokenizer, target: str, data=None, rows: int = 4, length: int = 512,
-                   out_dir: str | Path | None = None, progress: bool = True, **options):
-    """`layers` for `t2r.convert`: `spec` itself, or for `auto:N` the layers left after keeping the N most
-    sensitive as softmax (ranked on `calibration_rows`; ranking.json / ranking.png written to `out_dir`, and
-    read back from there when present, so a resumed run converts the same layers)."""
-    count = auto_softmax_count(spec)
-    if count is None:
-        return spec
-    layers = source.config.num_hidden_layers
-    if count >= layers:
-        raise ValueError(f"layers={spec!r}: keep between 0 and {layers - 1} of {layers} layers as softmax "
-                         "(at least one layer must be converted)")
-    calibration = {"data": getattr(data, "path", None), "rows": rows, "length": length}
-    saved = Path(out_dir) / "ranking.json" if out_dir is not None else None
-    if saved is not None and saved.is_file():
-        stored = json.loads(saved.read_text())
-        if (stored.get("target"), stored.get("calibration"), len(stored["kl"])) == (target, calibration, layers):
-            return LayerRanking(target, stored["kl"], stored["tokens"], stored["options"]).converted_layers(count)
-    ids = calibration_rows(tokenizer, data, rows, length)
-    ranking = rank_layers(source, target, ids, progress=progress, **options)
-    ranking.calibration = calibration
-    if out_dir is not None:
-        ranking.write(out_dir, count)
-    return ranking.converted_layers(count)

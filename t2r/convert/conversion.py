@@ -14,35 +14,13 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from t2r.convert.layer_spec import compact_ranges, parse_layers
 from t2r.layers import resolve_options
 from t2r.models import ARCHITECTURES
-from t2r.models.cache import generation_memory
+from t2r.models.generation_cache import generation_memory
 from t2r.models.configuration import T2RConfigMixin
 
 _DROPPED_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "quantization_config", "auto_map")
-
-
-def parse_layers(spec, num_layers: int) -> list[int]:
-    """Layer indices from `None` (all), an iterable of ints, or a string like "0-3,8,-1"."""
-    if spec is None:
-        return list(range(num_layers))
-    if isinstance(spec, str):
-        indices = []
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
-                indices += list(range(int(lo), int(hi) + 1))
-            else:
-                indices.append(int(part))
-        spec = indices
-    resolved = []
-    for i in spec:
-        if not -num_layers <= int(i) < num_layers:
-            raise ValueError(f"layer index {i} is out of range for a model with {num_layers} layers")
-        resolved.append(int(i) % num_layers)
-    if not resolved:
-        raise ValueError("layers= selects no layer; pass None to convert every layer")
-    return sorted(set(resolved))
 
 
 def check_convertible(config) -> None:
@@ -114,16 +92,6 @@ class ConversionReport:
         )
 
 
-def compact_ranges(indices: list[int]) -> str:
-    parts, start = [], None
-    for i, x in enumerate(indices):
-        start = x if start is None else start
-        if i + 1 == len(indices) or indices[i + 1] != x + 1:
-            parts.append(str(start) if start == x else f"{start}-{x}")
-            start = None
-    return ",".join(parts)
-
-
 def count_parameters(model: torch.nn.Module) -> int:
     """Unique parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -151,11 +119,13 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
         model: a loaded Llama, Mistral, Qwen2, Qwen3, Phi-3 or Gemma 3 text causal LM (`t2r.ARCHITECTURES`;
             hub, local or GGUF; any dtype and device).
         target: a registered mixer (`t2r.MIXERS`: gsa, gla, retnet, fox, or one of your own).
-        layers: which layers to convert (None = all; ints or a string like "0-11"); the rest stay softmax.
+        layers: which layers to convert (None = all; ints or a string like "0-11", `t2r.convert.layer_spec`); the
+            rest stay softmax. `auto:N` is resolved by `calibrated_convert`, which ranks the layers first.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config
             (`t2r_source`) as the default baseline of `t2r eval`; default: the model's `name_or_path`.
-        lookback: `[layers, query heads]` look-back of the source's attention (`t2r.eval.lookback`): each
-            converted layer's forget gate starts at the matching decay (`init="teacher"`; gla and fox).
+        lookback: `[layers, query heads]` look-back of the source's attention (`t2r.convert.lookback`): each
+            converted layer's forget gate starts at the matching decay (`init="teacher"`; targets with
+            `MixerSpec.teacher_init`: gla, fox).
         copy: False reuses the source's tensors instead of copying them: the new gates are the only new memory,
             and the two models share their weights from then on (training one changes the other). For a source
             that is not used afterwards (`t2r convert`; finetuning without a teacher in the same dtype).

@@ -11,9 +11,6 @@ from __future__ import annotations
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from t2r.layers import get_mixer
-from t2r.layers.state import GatedKVLayer, RecurrentStateLayer
-
-__all__ = ["T2RCache", "generation_memory", "GatedKVLayer", "RecurrentStateLayer"]  # the layers' home until now
 
 
 def generation_memory(config, element_size: int = 2) -> tuple[int, int]:

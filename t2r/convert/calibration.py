@@ -1,0 +1,94 @@
+"""Calibrated conversion: what `convert` needs measured on the source first, on sample text, then the conversion.
+
+Two settings are measured rather than given: `layers="auto:N"` (the N layers most sensitive to conversion stay
+softmax, `t2r.convert.sensitivity`) and `init="teacher"` (each new forget gate starts at the decay matching how
+far back its source head looks, `t2r.convert.lookback`). `calibrated_convert` is the one composition of both
+with `convert`, used by `t2r convert` and by training.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from t2r.convert.conversion import convert
+from t2r.convert.layer_spec import auto_softmax_count
+from t2r.convert.lookback import attention_lookback
+from t2r.convert.sensitivity import LayerRanking, rank_layers
+from t2r.data.config import DataConfig
+from t2r.data.rows import token_rows
+from t2r.data.synthetic import write_long_jsonl
+from t2r.layers.registry import get_mixer, teacher_init_refusal
+
+
+def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = 4, length: int = 512,
+                     seed: int = 0) -> torch.Tensor:
+    """`[rows, length]` token ids to measure on: documents of `data` (its training part) joined end to end, or,
+    without data, generated long documents (`t2r.data.synthetic`)."""
+    if data is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_long_jsonl(Path(tmp) / "calibration.jsonl", count=rows, seed=20_000 + seed)
+            return token_rows(DataConfig(path=str(path)), tokenizer, length, rows, seed, pack=True, part="train")
+    return token_rows(data, tokenizer, length, rows, seed, pack=True, part="train")
+
+
+def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None = None, rows: int = 4,
+                   length: int = 512, out_dir: str | Path | None = None, progress: bool = True, **options):
+    """`layers` for `convert`: `spec` itself, or for `auto:N` the layers left after keeping the N most
+    sensitive as softmax (ranked on `calibration_rows`; ranking.json / ranking.png written to `out_dir`, and
+    read back from there when present, so a resumed run converts the same layers)."""
+    count = auto_softmax_count(spec)
+    if count is None:
+        return spec
+    layers = source.config.num_hidden_layers
+    if count >= layers:
+        raise ValueError(f"layers={spec!r}: keep between 0 and {layers - 1} of {layers} layers as softmax "
+                         "(at least one layer must be converted)")
+    calibration = {"data": getattr(data, "path", None), "rows": rows, "length": length}
+    saved = Path(out_dir) / "ranking.json" if out_dir is not None else None
+    if saved is not None and saved.is_file():
+        stored = json.loads(saved.read_text())
+        if (stored.get("target"), stored.get("calibration"), len(stored["kl"])) == (target, calibration, layers):
+            return LayerRanking(target, stored["kl"], stored["tokens"], stored["options"]).converted_layers(count)
+    ids = calibration_rows(tokenizer, data, rows, length)
+    ranking = rank_layers(source, target, ids, progress=progress, **options)
+    ranking.calibration = calibration
+    if out_dir is not None:
+        ranking.write(out_dir, count)
+    return ranking.converted_layers(count)
+
+
+def teacher_lookback(source, tokenizer, data: DataConfig | None = None, rows: int = 4,
+                     length: int = 512) -> torch.Tensor:
+    """`attention_lookback` on `calibration_rows` (`data`'s training documents, or generated ones)."""
+    return attention_lookback(source, calibration_rows(tokenizer, data, rows, length))
+
+
+def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str = "default",
+                       data: DataConfig | None = None, rows: int = 4, length: int = 512,
+                       ranking_dir: str | Path | None = None, measure: Callable | None = None,
+                       source: str | None = None, copy: bool = True, **options):
+    """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for.
+
+    Args:
+        layers: a layer spec (`t2r.convert.layer_spec`); for `auto:N` the layers are ranked first
+            (`resolve_layers`; the ranking is written to, and reused from, `ranking_dir`).
+        init: `default`, or `teacher`: the new forget gates start from the source's look-back (`teacher_lookback`).
+        data, rows, length: the text measured on (`calibration_rows`).
+        measure: runs each measurement, `measure(fn) -> fn()` (default: right here). Training passes one that
+            measures on the main process only and sends the result to the others.
+        source, copy, **options: as for `convert` (the options also apply to the ranking's one-layer conversions).
+    """
+    if init not in ("default", "teacher"):
+        raise ValueError(f"init={init!r}: choose default or teacher")
+    if init == "teacher" and not get_mixer(target).teacher_init:  # refused before anything is measured
+        raise ValueError(teacher_init_refusal(target))
+    measure = measure or (lambda fn: fn())
+    converted = measure(lambda: resolve_layers(layers, model, tokenizer, target, data=data, rows=rows, length=length,
+                                               out_dir=ranking_dir, **options))
+    lookback = measure(lambda: teacher_lookback(model, tokenizer, data, rows, length)) if init == "teacher" else None
+    return convert(model, target, layers=converted, source=source, lookback=lookback, copy=copy, **options)
