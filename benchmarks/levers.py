@@ -27,7 +27,8 @@ from t2r.convert.lookback import attention_lookback
 from t2r.data.rows import token_rows
 from t2r.convert.sensitivity import kl_to_reference, rank_layers
 from t2r.sources import load_source
-from t2r.train.transfer import attention_transfer
+from t2r.optim import build_optimizer
+from t2r.train.transfer import AttentionTargets
 
 VARIANTS = {  # name: (target, convert options, softmax-layer choice)
     "gsa": ("gsa", {}, None),
@@ -50,6 +51,20 @@ def nll_by_position(model, ids: torch.Tensor, batch: int) -> torch.Tensor:
             logits = model(rows, use_cache=False).logits[:, :-1].float()
             out.append(F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none").cpu())
     return torch.cat(out)
+
+
+def align(model, source, batches, steps: int, lr: float, autocast) -> None:
+    """`steps` optimizer steps of the attention MSE (an align stage's loss) on the converted attention modules."""
+    targets = AttentionTargets(model, source)
+    optimizer = build_optimizer([p for _, s, _ in targets.pairs for p in s.parameters()], lr, weight_decay=0.0)
+    for _, batch in zip(range(steps), batches):
+        with autocast():
+            with torch.no_grad():
+                source(**batch)
+            targets.mse().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    targets.close()
 
 
 def bucket_ppl(nll: torch.Tensor) -> list[float]:
@@ -116,7 +131,7 @@ def main() -> None:
                    for i in range(0, len(align_rows), args.batch))
         model.train()
         started = time.perf_counter()
-        attention_transfer(model, source, batches, args.align_steps, args.lr, autocast=autocast)
+        align(model, source, batches, args.align_steps, args.lr, autocast)
         seconds = time.perf_counter() - started
         model.eval()
         kl_after = kl_to_reference(model, held_out, reference, 4)
