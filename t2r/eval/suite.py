@@ -10,93 +10,16 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 
 from t2r.data import DataConfig
+from t2r.version import version
 
 from . import bench, harness, perplexity, recall
 from .contenders import Contender, memory_matched_window
-
-BUILTIN_SUITES = ("ppl", "mqar", "passkey", "bench")
-HELD_OUT = "held-out"
-"""`data` value in a recipe's eval section: the recipe's own held-out documents (`data.held_out`)."""
-DEFAULT_SUITES = ("ppl", "mqar", "passkey")
-
-
-@dataclass
-class EvalSettings:
-    """What to measure and how much of it; every field has a default that runs on a laptop CPU."""
-
-    baseline: str | None = None
-    """Model to compare with (directory, hub id, file.gguf, smollm2); None: the source a converted model
-    records; `none`: no baseline (e.g. when the source is evaluated once for several students)."""
-    suites: list[str] = field(default_factory=lambda: list(DEFAULT_SUITES))
-    """ppl, mqar, passkey, bench, and lm-eval suites (commonsense, knowledge, aggregate, recall, local)."""
-    tasks: list[str] = field(default_factory=list)
-    """lm-eval task names or local multiple-choice .jsonl files / directories."""
-    limit: int | None = None
-    """Cap on rows / prompts per cell / lm-eval documents per task (quick looks)."""
-    data: str | None = None
-    """Held-out text for perplexity (local file, directory or hub dataset id); None: generated long documents;
-    in a recipe, `held-out`: the recipe's held-out documents."""
-    data_documents: int = 256
-    """How many held-out documents to read from `data`."""
-    text_field: str = "text"
-    ppl_length: int = 2048
-    ppl_rows: int = 16
-    pack: bool = False
-    """Join documents end to end (EOS between) instead of using documents at least `ppl_length` long."""
-    windows: list[int] = field(default_factory=lambda: [64, 256])
-    sinks: int = 4
-    mqar_pairs: list[int] = field(default_factory=lambda: [8, 32, 64])
-    mqar_prompts: int = 8
-    passkey_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
-    passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    passkey_prompts: int = 2
-    lm_eval_max_length: int = 2048
-    bench_contexts: list[int] = field(default_factory=lambda: [512, 1024, 2048])
-    bench_batch_sizes: list[int] = field(default_factory=lambda: [1])
-    bench_decode_tokens: int = 16
-    bench_repeats: int = 3
-    """Timed repeats per bench cell (after one warm-up run)."""
-    batch_size: int = 1
-    seed: int = 0
-    device: str | None = None
-    dtype: str = "auto"
-
-    def __post_init__(self):
-        self.check()
-
-    def harness_specs(self) -> list[harness.TaskSpec]:
-        """The lm-eval tasks asked for, validated against lm-eval's index (no model needed)."""
-        suites = [s for s in self.suites if s not in BUILTIN_SUITES]
-        if not suites and not self.tasks:
-            return []
-        return harness.resolve_tasks(",".join(suites) or None, list(self.tasks))
-
-    def check(self) -> None:
-        """Raise ValueError naming the bad field, before anything loads."""
-        for name in ("ppl_length", "ppl_rows", "data_documents", "mqar_prompts", "passkey_prompts", "batch_size",
-                     "bench_decode_tokens", "bench_repeats", "lm_eval_max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
-        for name in ("windows", "mqar_pairs", "passkey_lengths", "bench_contexts", "bench_batch_sizes"):
-            if any(v < 1 for v in getattr(self, name)):
-                raise ValueError(f"{name} must hold positive integers, got {getattr(self, name)}")
-        if any(not 0 <= d <= 1 for d in self.passkey_depths):
-            raise ValueError(f"passkey_depths must lie in [0, 1], got {self.passkey_depths}")
-        if self.data not in (None, HELD_OUT):
-            from t2r.data.documents import is_local, local_files
-
-            if is_local(self.data):
-                local_files(self.data)  # raises naming the missing file or unsupported suffix
-
-    def capped(self, count: int) -> int:
-        return min(count, self.limit) if self.limit else count
+from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
 
 
 def describe(spec: str, model) -> dict:
@@ -176,10 +99,8 @@ def long_text_data(settings: EvalSettings, out_dir) -> DataConfig:
 def environment(device: str) -> dict:
     import transformers
 
-    import t2r
-
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "t2r": t2r.__version__, "device": device, "threads": torch.get_num_threads()}
+           "t2r": version(), "device": device, "threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         env["device"] = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     try:
