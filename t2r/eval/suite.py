@@ -173,7 +173,8 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
             if m is not None:
                 rows += bench.bench_model(m, name, settings.bench_contexts, settings.bench_batch_sizes,
                                           settings.bench_decode_tokens, repeats=settings.bench_repeats,
-                                          seed=settings.seed, allow_beyond=True)  # speed, not quality
+                                          seed=settings.seed, allow_beyond=True,  # speed, not quality
+                                          decode=settings.bench_decode)
         results["bench"] = [asdict(r) for r in rows]
         results["seconds"]["bench"] = time.perf_counter() - start
     return results
