@@ -133,7 +133,15 @@ def markdown(results: dict) -> str:
     parts.append(f"- device {env['device']}, dtype {results['settings']['dtype']}, seed {results['settings']['seed']}; "
                  f"torch {env['torch']}, transformers {env['transformers']}, t2r {env['t2r']}"
                  + (f", lm-eval {env['lm_eval']}" if env.get("lm_eval") else ""))
-    parts += [f"- command: `{results['command']}`", ""]
+    parts.append(f"- command: `{results['command']}`")
+    if results.get("cache"):
+        c = results["cache"]
+        parts.append(f"- baseline scores: {c['read']} read from `{c['dir']}` (same weights, inputs and settings), "
+                     f"{c['scored']} scored and stored there")
+    if results.get("unfinished"):
+        parts.append(f"- **unfinished**: {', '.join(results['unfinished'])} still to run; this report is rewritten "
+                     "after each measurement")
+    parts.append("")
     summary = summary_lines(results)
     if summary:
         parts += ["## Summary", *summary, ""]
@@ -214,11 +222,12 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def write(results: dict, out_dir: str | Path) -> Path:
-    """Write plots, results.json and report.md into `out_dir`; returns the report's path."""
+def write(results: dict, out_dir: str | Path, with_plots: bool = True) -> Path:
+    """Write plots (unless `with_plots` is False: a report in progress), results.json and report.md into
+    `out_dir`; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results["plots"] = [p.name for p in plots(results, out_dir)]
+    results["plots"] = [p.name for p in plots(results, out_dir)] if with_plots else []
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     report = out_dir / "report.md"
     report.write_text(markdown(results))

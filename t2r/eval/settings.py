@@ -67,6 +67,9 @@ class EvalSettings:
     device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")
     dtype: str = setting("auto", "dtype both models are scored in; auto: float32 on CPU, bfloat16 on GPUs", "what",
                          choices=EVAL_DTYPES)
+    cache: bool = setting(True, "reuse the baseline's scores (and its windows') from $T2R_CACHE/eval when its "
+                                "weights, inputs and settings are unchanged, and store new ones; the model is "
+                                "always scored", "what")
 
     data: str | None = setting(
         None, "held-out text for perplexity: local file, directory or hub dataset id; in a recipe, "

@@ -17,8 +17,9 @@ import torch
 from t2r.data import DataConfig
 from t2r.version import version
 
-from . import bench, harness, perplexity, recall
+from . import bench, harness, perplexity, recall, report, result_cache
 from .contenders import Contender, memory_matched_window
+from .result_cache import NO_CACHE, ResultCache
 from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
 
 
@@ -52,25 +53,28 @@ def labels(model, baseline) -> tuple[str, str | None]:
 
 
 def contenders(model, model_name: str, baseline, baseline_name: str | None, settings: EvalSettings,
-               length: int) -> list[Contender]:
+               length: int, baseline_fingerprint: str | None = None) -> list[Contender]:
     """The model, its baseline, and window baselines of the softmax model among them (fixed windows, and the
-    window whose KV cache takes the model's state bytes)."""
+    window whose KV cache takes the model's state bytes). The baseline and windows of it carry
+    `baseline_fingerprint` (their scores may be reused)."""
     found = [Contender(model_name, model, role="model")]
-    softmax = None
+    softmax = fingerprint = None
     if baseline is not None:
-        found.append(Contender(baseline_name, baseline, role="baseline"))
-        softmax = baseline if not getattr(baseline.config, "t2r_mixers", None) else None
+        found.append(Contender(baseline_name, baseline, role="baseline", fingerprint=baseline_fingerprint))
+        if not getattr(baseline.config, "t2r_mixers", None):
+            softmax, fingerprint = baseline, baseline_fingerprint
     elif not getattr(model.config, "t2r_mixers", None):
         softmax = model
     if softmax is None:
         return found
-    windows = [w for w in settings.windows if w + settings.sinks < length]
+    sinks = settings.sinks
+    windows = [w for w in settings.windows if w + sinks < length]
     if baseline is not None:
-        matched = memory_matched_window(model.config, baseline.config, length, settings.sinks,
+        matched = memory_matched_window(model.config, baseline.config, length, sinks,
                                         next(baseline.parameters()).element_size())
-        if matched is not None and matched + settings.sinks < length and matched not in windows:
-            found.append(Contender(f"mem window {matched}+{settings.sinks}", softmax, matched, settings.sinks, "window"))
-    found += [Contender(f"window {w}+{settings.sinks}", softmax, w, settings.sinks, "window") for w in windows]
+        if matched is not None and matched + sinks < length and matched not in windows:
+            found.append(Contender(f"mem window {matched}+{sinks}", softmax, matched, sinks, "window", fingerprint))
+    found += [Contender(f"window {w}+{sinks}", softmax, w, sinks, "window", fingerprint) for w in windows]
     return found
 
 
@@ -114,9 +118,13 @@ def environment(device: str) -> dict:
 
 def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None, baseline_tokenizer=None,
              model_spec: str = "model", baseline_spec: str | None = None, data: DataConfig | None = None,
-             data_seed: int | None = None, command: str | None = None) -> dict:
+             data_seed: int | None = None, command: str | None = None, cache_root=None) -> dict:
     """Every measurement of `settings` for `model` (and `baseline`, scored on the same inputs). `data` overrides
-    `settings.data` (shuffled with `data_seed`, default the settings' seed: a recipe's held-out split)."""
+    `settings.data` (shuffled with `data_seed`, default the settings' seed: a recipe's held-out split).
+
+    Perplexity and recall come first, lm-eval tasks and the bench after; report.md and results.json are
+    rewritten in `out_dir` after each, so a run cut short keeps what it measured. With `settings.cache`, the
+    baseline's scores (and its windows') are read from / stored in `cache_root` (default `$T2R_CACHE/eval`)."""
     specs = settings.harness_specs()
     if baseline is not None and baseline_tokenizer is not None:
         check_tokenizers(tokenizer, baseline_tokenizer, model_spec, baseline_spec)
@@ -129,52 +137,86 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                    **({"baseline": describe(baseline_spec, baseline)} if baseline is not None else {})},
         "seconds": {},
     }
-    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length)
+    cache = ResultCache(cache_root or result_cache.default_root()) if settings.cache else NO_CACHE
+    fingerprint = None
+    if cache.enabled and baseline is not None:
+        fingerprint = cache.fingerprint(baseline_spec, baseline, baseline_tokenizer or tokenizer)
+    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length, fingerprint)
     check_lengths(found, settings)
     torch.manual_seed(settings.seed)
+    pending = [s for s in ("ppl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
+        ["bench"] if "bench" in settings.suites else [])
+
+    def measured(name: str, start: float) -> None:
+        results["seconds"][name] = time.perf_counter() - start
+        pending.remove(name)
+        results["unfinished"] = list(pending)
+        if cache.enabled:
+            results["cache"] = {"dir": str(cache.root), "read": cache.hits, "scored": cache.misses}
+        if pending:
+            report.write(results, out_dir, with_plots=False)
 
     if "ppl" in settings.suites:
         start = time.perf_counter()
         data = data or long_text_data(settings, out_dir)
         ids = perplexity.token_rows(data, tokenizer, settings.ppl_length, settings.capped(settings.ppl_rows),
                                     settings.seed if data_seed is None else data_seed, settings.pack)
-        rows = perplexity.position_perplexity(found, ids, settings.batch_size)
+        rows = perplexity.position_perplexity(found, ids, settings.batch_size, cache=cache)
         results["perplexity"] = {
             "data": data.path, "length": settings.ppl_length, "rows": len(ids), "pack": settings.pack,
             "results": [{**r.to_dict(), "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
                         for r, c in zip(rows, found)]}
-        results["seconds"]["ppl"] = time.perf_counter() - start
-    scored = found
+        measured("ppl", start)
     if "mqar" in settings.suites:
         start = time.perf_counter()
-        results["mqar"] = recall.mqar(scored, tokenizer, settings.mqar_pairs, settings.capped(settings.mqar_prompts),
-                                      settings.seed, settings.batch_size)
-        results["seconds"]["mqar"] = time.perf_counter() - start
+        results["mqar"] = recall.mqar(found, tokenizer, settings.mqar_pairs, settings.capped(settings.mqar_prompts),
+                                      settings.seed, settings.batch_size, cache=cache)
+        measured("mqar", start)
     if "passkey" in settings.suites:
         start = time.perf_counter()
-        results["passkey"] = recall.passkey(scored, tokenizer, settings.passkey_lengths, settings.passkey_depths,
+        results["passkey"] = recall.passkey(found, tokenizer, settings.passkey_lengths, settings.passkey_depths,
                                             settings.capped(settings.passkey_prompts), settings.seed,
-                                            settings.batch_size)
-        results["seconds"]["passkey"] = time.perf_counter() - start
+                                            settings.batch_size, cache=cache)
+        measured("passkey", start)
     if specs:
         start = time.perf_counter()
         results["tasks"] = {}
-        for name, m, tok in ((model_name, model, tokenizer), (baseline_name, baseline, baseline_tokenizer or tokenizer)):
+        for name, m, tok, fp in ((model_name, model, tokenizer, None),
+                                 (baseline_name, baseline, baseline_tokenizer or tokenizer, fingerprint)):
             if m is not None:
-                out = harness.run_harness(m, tok, specs, limit=settings.limit, batch_size=settings.batch_size,
-                                          max_length=settings.lm_eval_max_length, seed=settings.seed)
+                out = lm_eval_scores(m, tok, specs, settings, cache, fp)
                 results["tasks"][name] = out
                 results["environment"]["lm_eval"] = out["lm_eval_version"]
-        results["seconds"]["lm-eval"] = time.perf_counter() - start
+        measured("lm-eval", start)
     if "bench" in settings.suites:
         start = time.perf_counter()
         rows = []
         for name, m in ((model_name, model), (baseline_name, baseline)):
-            if m is not None:
+            if m is not None:  # timed afresh for both: speed is only comparable within one run
                 rows += bench.bench_model(m, name, settings.bench_contexts, settings.bench_batch_sizes,
                                           settings.bench_decode_tokens, repeats=settings.bench_repeats,
                                           seed=settings.seed, allow_beyond=True,  # speed, not quality
                                           decode=settings.bench_decode)
         results["bench"] = [asdict(r) for r in rows]
-        results["seconds"]["bench"] = time.perf_counter() - start
+        measured("bench", start)
+    results.pop("unfinished", None)
     return results
+
+
+def lm_eval_scores(model, tokenizer, specs, settings: EvalSettings, cache: ResultCache, fingerprint: str | None):
+    """`harness.run_harness` for one model; read from `cache` when `fingerprint` is given and the tasks (local
+    files by content), limit, batch size, max length, seed and lm-eval version are those stored."""
+    def run():
+        return harness.run_harness(model, tokenizer, specs, limit=settings.limit, batch_size=settings.batch_size,
+                                   max_length=settings.lm_eval_max_length, seed=settings.seed)
+
+    if not cache.enabled or fingerprint is None:
+        return run()
+    from importlib.metadata import version as installed
+
+    inputs = {"tasks": cache.with_file_digests([asdict(s) for s in specs]), "limit": settings.limit,
+              "batch_size": settings.batch_size, "max_length": settings.lm_eval_max_length, "seed": settings.seed,
+              "lm_eval": installed("lm_eval")}
+    parameter = next(model.parameters())
+    return cache.cached(cache.key_parts(fingerprint, "lm-eval", inputs, dtype=parameter.dtype,
+                                        device=parameter.device), run)
