@@ -24,9 +24,9 @@ def eval_settings(args):
 
 def run_eval(args) -> int:
     settings = eval_settings(args)
-    check_model_spec(args.model)
-    check_model_spec(settings.baseline)
-    offline_if_unreachable(args.model, settings.baseline)
+    for spec in (args.model, settings.baseline, *settings.students):
+        check_model_spec(spec)
+    offline_if_unreachable(args.model, settings.baseline, *settings.students)
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
 

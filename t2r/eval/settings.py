@@ -17,6 +17,7 @@ DEFAULT_SUITES = ("ppl", "mqar", "passkey")
 HELD_OUT = "held-out"
 """`data` value in a recipe's eval section: the recipe's own held-out documents (`data.held_out`)."""
 DECODE_MODES = ("eager", "static")
+FRONTIER_WINDOWS = (32, 64, 128, 256, 512, 1024)
 EVAL_DTYPES = ("auto", *DTYPE_NAMES)
 GROUPS = {
     "what": "what to measure",
@@ -60,6 +61,8 @@ class EvalSettings:
                               "recall, local)", "what",
         default_text=f"{','.join(DEFAULT_SUITES)}; with --tasks alone: only the tasks")
     tasks: list[str] = setting([], "lm-eval task names or local multiple-choice .jsonl files / directories", "what")
+    students: list[str] = setting([], "other models (e.g. earlier students) scored on the same perplexity and recall "
+                                      "inputs, drawn as points against the window frontier", "what")
     limit: int | None = setting(None, "cap on perplexity rows, prompts per recall cell and lm-eval documents per "
                                       "task (quick looks)", "what")
     batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what")
@@ -80,8 +83,10 @@ class EvalSettings:
     ppl_rows: int = setting(16, "perplexity rows", "ppl")
     pack: bool = setting(False, "join documents end to end (EOS between) instead of using documents at least "
                                 "--ppl-length long", "ppl")
-    windows: list[int] = setting([64, 256], "window baselines: the baseline restricted to its last W tokens "
-                                            "(plus the sinks)", "ppl")
+    windows: list[int] = setting(list(FRONTIER_WINDOWS),
+                                 "window baselines: the baseline restricted to its last W tokens (plus the sinks); "
+                                 "scored on perplexity and recall, they draw the window frontier (frontier.png)",
+                                 "ppl")
     sinks: int = setting(4, "sink tokens (the sequence's first) kept by each window baseline", "ppl")
 
     mqar_pairs: list[int] = setting([8, 32, 64], "MQAR: key-value pairs per prompt, one cell each", "recall")

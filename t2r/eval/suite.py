@@ -11,13 +11,14 @@ import platform
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
 from t2r.data import DataConfig
 from t2r.version import version
 
-from . import bench, harness, perplexity, recall, report, result_cache
+from . import bench, frontier, harness, perplexity, recall, report, result_cache
 from .contenders import Contender, memory_matched_window
 from .result_cache import NO_CACHE, ResultCache
 from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
@@ -33,11 +34,12 @@ def describe(spec: str, model) -> dict:
             "cache_bytes_per_token": per_token}
 
 
-def check_tokenizers(tokenizer, other, model_spec: str, baseline_spec: str) -> None:
+def check_tokenizers(tokenizer, other, model_spec: str, other_spec: str, role: str = "baseline") -> None:
     if tokenizer.get_vocab() != other.get_vocab():
-        raise ValueError(f"the baseline {baseline_spec!r} uses another tokenizer than {model_spec!r}: token "
-                         "perplexity and recall are only comparable over one vocabulary; pass --baseline with the "
-                         "model's source")
+        raise ValueError(f"the {role} {other_spec!r} uses another tokenizer than {model_spec!r}: token "
+                         "perplexity and recall are only comparable over one vocabulary; "
+                         + ("pass --baseline with the model's source" if role == "baseline" else
+                            "give students converted from the model's source"))
 
 
 def label(model) -> str:
@@ -53,14 +55,16 @@ def labels(model, baseline) -> tuple[str, str | None]:
 
 
 def contenders(model, model_name: str, baseline, baseline_name: str | None, settings: EvalSettings,
-               length: int, baseline_fingerprint: str | None = None) -> list[Contender]:
-    """The model, its baseline, and window baselines of the softmax model among them (fixed windows, and the
-    window whose KV cache takes the model's state bytes). The baseline and windows of it carry
-    `baseline_fingerprint` (their scores may be reused)."""
+               length: int, baseline_fingerprint: str | None = None, students: list[Contender] = ()) -> list[Contender]:
+    """The model, its baseline, other `students`, and window baselines of the softmax model among them (the
+    windows of `settings`, and the window whose KV cache takes the model's state bytes). The baseline and windows
+    of it carry `baseline_fingerprint` (their scores may be reused)."""
     found = [Contender(model_name, model, role="model")]
     softmax = fingerprint = None
     if baseline is not None:
         found.append(Contender(baseline_name, baseline, role="baseline", fingerprint=baseline_fingerprint))
+    found += students
+    if baseline is not None:
         if not getattr(baseline.config, "t2r_mixers", None):
             softmax, fingerprint = baseline, baseline_fingerprint
     elif not getattr(model.config, "t2r_mixers", None):
@@ -75,6 +79,40 @@ def contenders(model, model_name: str, baseline, baseline_name: str | None, sett
         if matched is not None and matched + sinks < length and matched not in windows:
             found.append(Contender(f"mem window {matched}+{sinks}", softmax, matched, sinks, "window", fingerprint))
     found += [Contender(f"window {w}+{sinks}", softmax, w, sinks, "window", fingerprint) for w in windows]
+    return found
+
+
+def contender_info(c: Contender, found: list[Contender]) -> dict:
+    """What the frontier needs of a contender: its role, window, and generation memory (fixed state and bytes
+    per token; `windowed`: the softmax model the windows cut)."""
+    from t2r.models.cache import generation_memory
+
+    fixed, per_token = generation_memory(c.model.config, next(c.model.parameters()).element_size())
+    return {"name": c.name, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else 0,
+            "state_bytes": fixed, "bytes_per_token": per_token,
+            "windowed": c.window is None and any(w.window and w.model is c.model for w in found)}
+
+
+def load_students(settings: EvalSettings, tokenizer, model, taken: set[str], cache: ResultCache,
+                  results: dict) -> list[Contender]:
+    """`settings.students` loaded like the model (dtype, device), named `<mixers> (<directory>)`, described in
+    `results["models"]`; their tokenizer must be the model's."""
+    from t2r.sources import load_source
+
+    parameter = next(model.parameters())
+    found = []
+    for i, spec in enumerate(settings.students, 1):
+        student, student_tokenizer = load_source(spec, dtype=str(parameter.dtype).removeprefix("torch."),
+                                                 device=str(parameter.device))
+        check_tokenizers(tokenizer, student_tokenizer, "the model", spec, role="student")
+        path = Path(spec)
+        name = f"{label(student)} ({path.parent.name if path.name == 'final' else path.name})"
+        name = name if name not in taken else f"{name} #{i}"
+        taken.add(name)
+        found.append(Contender(name, student, role="student", fingerprint=cache.fingerprint(spec, student,
+                                                                                           student_tokenizer)
+                               if cache.enabled else None))
+        results["models"][f"student {i}"] = describe(spec, student)
     return found
 
 
@@ -141,8 +179,11 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
     fingerprint = None
     if cache.enabled and baseline is not None:
         fingerprint = cache.fingerprint(baseline_spec, baseline, baseline_tokenizer or tokenizer)
-    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length, fingerprint)
+    students = load_students(settings, tokenizer, model, {model_name, baseline_name}, cache, results)
+    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length, fingerprint,
+                       students)
     check_lengths(found, settings)
+    results["contenders"] = [contender_info(c, found) for c in found]
     torch.manual_seed(settings.seed)
     pending = [s for s in ("ppl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
         ["bench"] if "bench" in settings.suites else [])
@@ -153,6 +194,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
         results["unfinished"] = list(pending)
         if cache.enabled:
             results["cache"] = {"dir": str(cache.root), "read": cache.hits, "scored": cache.misses}
+        results["frontier"] = frontier.frontiers(results)
         if pending:
             report.write(results, out_dir, with_plots=False)
 
