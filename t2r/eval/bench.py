@@ -22,6 +22,8 @@ from t2r.eval.meters import timed, unique_bytes
 from t2r.eval.static_bench import measure_static
 from t2r.layers import get_mixer
 
+from .settings import parse_sizes  # noqa: F401 (`t2r.eval.bench.parse_sizes`, its old home)
+
 MiB = 2**20
 
 
@@ -253,14 +255,3 @@ def plot(rows: list[BenchRow], out_dir) -> list[Path]:
         paths.append(out_dir / name)
     return paths
 
-
-def parse_sizes(text: str) -> list[int]:
-    """"1K,2K,512" -> [1024, 2048, 512] (K or k = 1024); a ValueError names the bad item."""
-    sizes = []
-    for item in text.split(","):
-        item = item.strip()
-        digits, factor = (item[:-1], 1024) if item[-1:] in ("K", "k") else (item, 1)
-        if not digits.isdigit() or int(digits) <= 0:
-            raise ValueError(f"bad size {item!r} in {text!r}: expected a positive integer, optionally with K (=1024)")
-        sizes.append(int(digits) * factor)
-    return sizes

@@ -26,7 +26,10 @@ class Contender:
     window: int | None = None
     sinks: int = 0
     role: str = "model"
-    """model | baseline | window: how reports label and colour the row."""
+    """model | baseline | window | student: how reports label and colour the row."""
+    fingerprint: str | None = None
+    """The weights' fingerprint (`t2r.eval.result_cache`) when this contender's scores may be stored and reused
+    (the baseline and its windows); None: always scored."""
 
     def __post_init__(self):
         if self.window is not None:

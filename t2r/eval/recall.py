@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .contenders import Contender
+from .result_cache import NO_CACHE, ResultCache, digest
 
 FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 MQAR_PREFIX = "Remember the word that follows each word.\n"
@@ -122,20 +123,27 @@ def recall_accuracy(contender: Contender, examples: list[RecallExample], batch_s
     return correct / max(total, 1)
 
 
+def scored_accuracy(contender: Contender, examples: list[RecallExample], batch_size: int, desc: str,
+                    cache: ResultCache) -> float:
+    """`recall_accuracy`, read from `cache` when stored for these exact prompts."""
+    inputs = {"examples": digest([[e.ids, e.answers] for e in examples]), "batch_size": batch_size}
+    return cache.score(contender, "recall", inputs, lambda: recall_accuracy(contender, examples, batch_size, desc))
+
+
 def mqar(contenders: list[Contender], tokenizer, pairs: list[int], count: int, seed: int = 0,
-         batch_size: int = 1) -> dict:
+         batch_size: int = 1, cache: ResultCache = NO_CACHE) -> dict:
     """{"pairs": [...], "tokens": [...], "accuracy": {name: [...]}} for each number of pairs."""
     result = {"pairs": list(pairs), "tokens": [], "count": count, "accuracy": {c.name: [] for c in contenders}}
     for n in pairs:
         examples = mqar_examples(tokenizer, n, count, seed)
         result["tokens"].append(len(examples[0].ids))
         for c in contenders:
-            result["accuracy"][c.name].append(recall_accuracy(c, examples, batch_size, desc=f"mqar {n}"))
+            result["accuracy"][c.name].append(scored_accuracy(c, examples, batch_size, f"mqar {n}", cache))
     return result
 
 
 def passkey(contenders: list[Contender], tokenizer, lengths: list[int], depths: list[float], count: int,
-            seed: int = 0, batch_size: int = 1) -> dict:
+            seed: int = 0, batch_size: int = 1, cache: ResultCache = NO_CACHE) -> dict:
     """{"lengths", "depths", "accuracy": {name: [[acc per depth] per length]}}."""
     result = {"lengths": list(lengths), "depths": list(depths), "count": count,
               "accuracy": {c.name: [] for c in contenders}}
@@ -144,7 +152,7 @@ def passkey(contenders: list[Contender], tokenizer, lengths: list[int], depths: 
         for depth in depths:
             examples = passkey_examples(tokenizer, length, depth, count, seed)
             for c in contenders:
-                rows[c.name].append(recall_accuracy(c, examples, batch_size, desc=f"passkey {length}@{depth:g}"))
+                rows[c.name].append(scored_accuracy(c, examples, batch_size, f"passkey {length}@{depth:g}", cache))
         for name, row in rows.items():
             result["accuracy"][name].append(row)
     return result

@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from . import frontier
+from .axes import log_axis, spread
 from .bench import BenchRow, format_table
 from .bench import plot as plot_bench
 
@@ -102,6 +104,7 @@ def summary_lines(results: dict) -> list[str]:
             lines.append(f"- late positions: the model beats {len(beaten)} of {len(windows)} window baselines"
                          + (f" ({', '.join(beaten)})" if beaten else
                             " (a sliding window of that memory would do as well: the state adds nothing yet)"))
+    lines += frontier.summary_lines(results)
     for key in ("mqar", "passkey"):
         if key in results:
             acc = results[key]["accuracy"]
@@ -133,7 +136,15 @@ def markdown(results: dict) -> str:
     parts.append(f"- device {env['device']}, dtype {results['settings']['dtype']}, seed {results['settings']['seed']}; "
                  f"torch {env['torch']}, transformers {env['transformers']}, t2r {env['t2r']}"
                  + (f", lm-eval {env['lm_eval']}" if env.get("lm_eval") else ""))
-    parts += [f"- command: `{results['command']}`", ""]
+    parts.append(f"- command: `{results['command']}`")
+    if results.get("cache"):
+        c = results["cache"]
+        parts.append(f"- baseline scores: {c['read']} read from `{c['dir']}` (same weights, inputs and settings), "
+                     f"{c['scored']} scored and stored there")
+    if results.get("unfinished"):
+        parts.append(f"- **unfinished**: {', '.join(results['unfinished'])} still to run; this report is rewritten "
+                     "after each measurement")
+    parts.append("")
     summary = summary_lines(results)
     if summary:
         parts += ["## Summary", *summary, ""]
@@ -145,6 +156,11 @@ def markdown(results: dict) -> str:
                   + "; token perplexity per position bucket. Window rows: the baseline restricted to its last W "
                   "tokens plus S sink tokens (training-free); `mem` is the window whose KV cache takes the "
                   "model's state bytes.", "", perplexity_table(p), ""]
+    if results.get("frontier"):
+        parts += ["## Window frontier", "",
+                  "Each model and student against the windows of the source at its own generation memory per "
+                  "sequence (the window curve interpolated in log memory; the source is its far end); "
+                  "frontier.png draws them.", "", frontier.table(results), ""]
     if "mqar" in results:
         parts += ["## Multi-query associative recall", "",
                   f"Accuracy (exact match of the value, {results['mqar']['count']} prompts per row).", "",
@@ -165,6 +181,32 @@ def markdown(results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
+ROLE_ORDER = {"window": 0, "baseline": 1, "student": 2, "model": 3}
+
+
+def drawing_order(rows: list[dict], roles: dict) -> list[dict]:
+    """Windows first, then the baseline, students, and the model last (on top)."""
+    return sorted(rows, key=lambda r: ROLE_ORDER.get(roles.get(r["name"], r.get("role", "model")), 3))
+
+
+
+
+def series_style(role: str, index: int, count: int) -> dict:
+    """Line style by role: windows thin, dashed, from dark to light as W grows, the baseline black, students
+    dash-dotted, the model red and thick, each with its own marker, drawn in that order (`zorder`) so the model is
+    never hidden."""
+    from matplotlib import colormaps
+
+    styles = {"window": dict(linestyle="--", linewidth=1, marker="o", markersize=4,
+                             color=colormaps["viridis"](0.85 * index / max(count - 1, 1))),
+              "baseline": dict(linestyle="-", linewidth=2, marker="s", markersize=5, color="black"),
+              "student": dict(linestyle="-.", linewidth=1.5, marker="^", markersize=6,
+                              color=frontier.STUDENT_COLOURS[index % len(frontier.STUDENT_COLOURS)]),
+              "model": dict(linestyle="-", linewidth=2.2, marker="D", markersize=6, color="C3",
+                            markerfacecolor="none", markeredgewidth=1.5)}
+    return {**styles.get(role, styles["model"]), "zorder": 1 + ROLE_ORDER.get(role, 3)}
+
+
 def plots(results: dict, out_dir: Path) -> list[Path]:
     """PNG plots of every section present; empty (with a printed note) when matplotlib is missing."""
     try:
@@ -173,25 +215,31 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         print("plots skipped: matplotlib is not installed (pip install matplotlib, or pip install -e .[eval])")
         return []
     paths = []
+    roles = {c["name"]: c["role"] for c in results.get("contenders", [])}
     if "perplexity" in results:
         fig = Figure(figsize=(7, 4), layout="constrained")
         ax = fig.subplots()
-        for i, row in enumerate(results["perplexity"]["results"]):
+        rows = drawing_order(results["perplexity"]["results"], roles)
+        for i, row in enumerate(rows):
             mids = [math.sqrt(max(b["start"], 1) * b["end"]) for b in row["buckets"]]
-            ax.plot(mids, [b["ppl"] for b in row["buckets"]], marker="o", label=row["name"],
-                    linestyle="--" if row.get("role") == "window" else "-", color=f"C{i % 10}")
-        ax.set(xscale="log", yscale="log", xlabel="position (tokens)", ylabel="perplexity",
-               title="Perplexity by position")
-        ax.grid(True, which="both", alpha=0.3)
+            ax.plot(spread(mids, i, len(rows)), [b["ppl"] for b in row["buckets"]], label=row["name"],
+                    **series_style(roles.get(row["name"], row.get("role", "model")), i, len(rows)))
+        log_axis(ax.xaxis, [b["end"] for b in rows[0]["buckets"]], lambda v: f"{v:.0f}")
+        log_axis(ax.yaxis, [b["ppl"] for row in rows for b in row["buckets"]])
+        ax.set(xlabel="position (tokens)", ylabel="perplexity", title="Perplexity by position")
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize="small")
         paths.append(out_dir / "perplexity_by_position.png")
         fig.savefig(paths[-1], dpi=120)
     if "mqar" in results:
         fig = Figure(figsize=(6, 4), layout="constrained")
         ax = fig.subplots()
-        for name, acc in results["mqar"]["accuracy"].items():
-            ax.plot(results["mqar"]["pairs"], acc, marker="o", label=name)
-        ax.set(xscale="log", xlabel="key-value pairs", ylabel="accuracy", ylim=(-0.02, 1.02), title="MQAR")
+        rows = drawing_order([{"name": n, "acc": a} for n, a in results["mqar"]["accuracy"].items()], roles)
+        for i, row in enumerate(rows):
+            ax.plot(spread(results["mqar"]["pairs"], i, len(rows)), row["acc"], label=row["name"],
+                    **series_style(roles.get(row["name"], "model"), i, len(rows)))
+        log_axis(ax.xaxis, results["mqar"]["pairs"], lambda v: f"{v:.0f}")
+        ax.set(xlabel="key-value pairs", ylabel="accuracy", ylim=(-0.02, 1.02), title="MQAR")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
         paths.append(out_dir / "mqar.png")
@@ -209,16 +257,19 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         fig.colorbar(image, ax=fig.axes, shrink=0.8, label="accuracy")
         paths.append(out_dir / "passkey.png")
         fig.savefig(paths[-1], dpi=120)
+    if results.get("frontier"):
+        paths.append(frontier.plot(results, out_dir))
     if results.get("bench"):
         paths += plot_bench([BenchRow(**r) for r in results["bench"]], out_dir)
     return paths
 
 
-def write(results: dict, out_dir: str | Path) -> Path:
-    """Write plots, results.json and report.md into `out_dir`; returns the report's path."""
+def write(results: dict, out_dir: str | Path, with_plots: bool = True) -> Path:
+    """Write plots (unless `with_plots` is False: a report in progress), results.json and report.md into
+    `out_dir`; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results["plots"] = [p.name for p in plots(results, out_dir)]
+    results["plots"] = [p.name for p in plots(results, out_dir)] if with_plots else []
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     report = out_dir / "report.md"
     report.write_text(markdown(results))

@@ -10,93 +10,18 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
 from t2r.data import DataConfig
+from t2r.version import version
 
-from . import bench, harness, perplexity, recall
+from . import bench, frontier, harness, perplexity, recall, report, result_cache
 from .contenders import Contender, memory_matched_window
-
-BUILTIN_SUITES = ("ppl", "mqar", "passkey", "bench")
-HELD_OUT = "held-out"
-"""`data` value in a recipe's eval section: the recipe's own held-out documents (`data.held_out`)."""
-DEFAULT_SUITES = ("ppl", "mqar", "passkey")
-
-
-@dataclass
-class EvalSettings:
-    """What to measure and how much of it; every field has a default that runs on a laptop CPU."""
-
-    baseline: str | None = None
-    """Model to compare with (directory, hub id, file.gguf, smollm2); None: the source a converted model
-    records; `none`: no baseline (e.g. when the source is evaluated once for several students)."""
-    suites: list[str] = field(default_factory=lambda: list(DEFAULT_SUITES))
-    """ppl, mqar, passkey, bench, and lm-eval suites (commonsense, knowledge, aggregate, recall, local)."""
-    tasks: list[str] = field(default_factory=list)
-    """lm-eval task names or local multiple-choice .jsonl files / directories."""
-    limit: int | None = None
-    """Cap on rows / prompts per cell / lm-eval documents per task (quick looks)."""
-    data: str | None = None
-    """Held-out text for perplexity (local file, directory or hub dataset id); None: generated long documents;
-    in a recipe, `held-out`: the recipe's held-out documents."""
-    data_documents: int = 256
-    """How many held-out documents to read from `data`."""
-    text_field: str = "text"
-    ppl_length: int = 2048
-    ppl_rows: int = 16
-    pack: bool = False
-    """Join documents end to end (EOS between) instead of using documents at least `ppl_length` long."""
-    windows: list[int] = field(default_factory=lambda: [64, 256])
-    sinks: int = 4
-    mqar_pairs: list[int] = field(default_factory=lambda: [8, 32, 64])
-    mqar_prompts: int = 8
-    passkey_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
-    passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    passkey_prompts: int = 2
-    lm_eval_max_length: int = 2048
-    bench_contexts: list[int] = field(default_factory=lambda: [512, 1024, 2048])
-    bench_batch_sizes: list[int] = field(default_factory=lambda: [1])
-    bench_decode_tokens: int = 16
-    bench_repeats: int = 3
-    """Timed repeats per bench cell (after one warm-up run)."""
-    batch_size: int = 1
-    seed: int = 0
-    device: str | None = None
-    dtype: str = "auto"
-
-    def __post_init__(self):
-        self.check()
-
-    def harness_specs(self) -> list[harness.TaskSpec]:
-        """The lm-eval tasks asked for, validated against lm-eval's index (no model needed)."""
-        suites = [s for s in self.suites if s not in BUILTIN_SUITES]
-        if not suites and not self.tasks:
-            return []
-        return harness.resolve_tasks(",".join(suites) or None, list(self.tasks))
-
-    def check(self) -> None:
-        """Raise ValueError naming the bad field, before anything loads."""
-        for name in ("ppl_length", "ppl_rows", "data_documents", "mqar_prompts", "passkey_prompts", "batch_size",
-                     "bench_decode_tokens", "bench_repeats", "lm_eval_max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
-        for name in ("windows", "mqar_pairs", "passkey_lengths", "bench_contexts", "bench_batch_sizes"):
-            if any(v < 1 for v in getattr(self, name)):
-                raise ValueError(f"{name} must hold positive integers, got {getattr(self, name)}")
-        if any(not 0 <= d <= 1 for d in self.passkey_depths):
-            raise ValueError(f"passkey_depths must lie in [0, 1], got {self.passkey_depths}")
-        if self.data not in (None, HELD_OUT):
-            from t2r.data.documents import is_local, local_files
-
-            if is_local(self.data):
-                local_files(self.data)  # raises naming the missing file or unsupported suffix
-
-    def capped(self, count: int) -> int:
-        return min(count, self.limit) if self.limit else count
+from .result_cache import NO_CACHE, ResultCache
+from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
 
 
 def describe(spec: str, model) -> dict:
@@ -109,11 +34,12 @@ def describe(spec: str, model) -> dict:
             "cache_bytes_per_token": per_token}
 
 
-def check_tokenizers(tokenizer, other, model_spec: str, baseline_spec: str) -> None:
+def check_tokenizers(tokenizer, other, model_spec: str, other_spec: str, role: str = "baseline") -> None:
     if tokenizer.get_vocab() != other.get_vocab():
-        raise ValueError(f"the baseline {baseline_spec!r} uses another tokenizer than {model_spec!r}: token "
-                         "perplexity and recall are only comparable over one vocabulary; pass --baseline with the "
-                         "model's source")
+        raise ValueError(f"the {role} {other_spec!r} uses another tokenizer than {model_spec!r}: token "
+                         "perplexity and recall are only comparable over one vocabulary; "
+                         + ("pass --baseline with the model's source" if role == "baseline" else
+                            "give students converted from the model's source"))
 
 
 def label(model) -> str:
@@ -129,25 +55,64 @@ def labels(model, baseline) -> tuple[str, str | None]:
 
 
 def contenders(model, model_name: str, baseline, baseline_name: str | None, settings: EvalSettings,
-               length: int) -> list[Contender]:
-    """The model, its baseline, and window baselines of the softmax model among them (fixed windows, and the
-    window whose KV cache takes the model's state bytes)."""
+               length: int, baseline_fingerprint: str | None = None, students: list[Contender] = ()) -> list[Contender]:
+    """The model, its baseline, other `students`, and window baselines of the softmax model among them (the
+    windows of `settings`, and the window whose KV cache takes the model's state bytes). The baseline and windows
+    of it carry `baseline_fingerprint` (their scores may be reused)."""
     found = [Contender(model_name, model, role="model")]
-    softmax = None
+    softmax = fingerprint = None
     if baseline is not None:
-        found.append(Contender(baseline_name, baseline, role="baseline"))
-        softmax = baseline if not getattr(baseline.config, "t2r_mixers", None) else None
+        found.append(Contender(baseline_name, baseline, role="baseline", fingerprint=baseline_fingerprint))
+    found += students
+    if baseline is not None:
+        if not getattr(baseline.config, "t2r_mixers", None):
+            softmax, fingerprint = baseline, baseline_fingerprint
     elif not getattr(model.config, "t2r_mixers", None):
         softmax = model
     if softmax is None:
         return found
-    windows = [w for w in settings.windows if w + settings.sinks < length]
+    sinks = settings.sinks
+    windows = [w for w in settings.windows if w + sinks < length]
     if baseline is not None:
-        matched = memory_matched_window(model.config, baseline.config, length, settings.sinks,
+        matched = memory_matched_window(model.config, baseline.config, length, sinks,
                                         next(baseline.parameters()).element_size())
-        if matched is not None and matched + settings.sinks < length and matched not in windows:
-            found.append(Contender(f"mem window {matched}+{settings.sinks}", softmax, matched, settings.sinks, "window"))
-    found += [Contender(f"window {w}+{settings.sinks}", softmax, w, settings.sinks, "window") for w in windows]
+        if matched is not None and matched + sinks < length and matched not in windows:
+            found.append(Contender(f"mem window {matched}+{sinks}", softmax, matched, sinks, "window", fingerprint))
+    found += [Contender(f"window {w}+{sinks}", softmax, w, sinks, "window", fingerprint) for w in windows]
+    return found
+
+
+def contender_info(c: Contender, found: list[Contender]) -> dict:
+    """What the frontier needs of a contender: its role, window, and generation memory (fixed state and bytes
+    per token; `windowed`: the softmax model the windows cut)."""
+    from t2r.models.cache import generation_memory
+
+    fixed, per_token = generation_memory(c.model.config, next(c.model.parameters()).element_size())
+    return {"name": c.name, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else 0,
+            "state_bytes": fixed, "bytes_per_token": per_token,
+            "windowed": c.window is None and any(w.window and w.model is c.model for w in found)}
+
+
+def load_students(settings: EvalSettings, tokenizer, model, taken: set[str], cache: ResultCache,
+                  results: dict) -> list[Contender]:
+    """`settings.students` loaded like the model (dtype, device), named `<mixers> (<directory>)`, described in
+    `results["models"]`; their tokenizer must be the model's."""
+    from t2r.sources import load_source
+
+    parameter = next(model.parameters())
+    found = []
+    for i, spec in enumerate(settings.students, 1):
+        student, student_tokenizer = load_source(spec, dtype=str(parameter.dtype).removeprefix("torch."),
+                                                 device=str(parameter.device))
+        check_tokenizers(tokenizer, student_tokenizer, "the model", spec, role="student")
+        path = Path(spec)
+        name = f"{label(student)} ({path.parent.name if path.name == 'final' else path.name})"
+        name = name if name not in taken else f"{name} #{i}"
+        taken.add(name)
+        found.append(Contender(name, student, role="student", fingerprint=cache.fingerprint(spec, student,
+                                                                                           student_tokenizer)
+                               if cache.enabled else None))
+        results["models"][f"student {i}"] = describe(spec, student)
     return found
 
 
@@ -176,10 +141,8 @@ def long_text_data(settings: EvalSettings, out_dir) -> DataConfig:
 def environment(device: str) -> dict:
     import transformers
 
-    import t2r
-
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "t2r": t2r.__version__, "device": device, "threads": torch.get_num_threads()}
+           "t2r": version(), "device": device, "threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         env["device"] = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     try:
@@ -193,9 +156,13 @@ def environment(device: str) -> dict:
 
 def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None, baseline_tokenizer=None,
              model_spec: str = "model", baseline_spec: str | None = None, data: DataConfig | None = None,
-             data_seed: int | None = None, command: str | None = None) -> dict:
+             data_seed: int | None = None, command: str | None = None, cache_root=None) -> dict:
     """Every measurement of `settings` for `model` (and `baseline`, scored on the same inputs). `data` overrides
-    `settings.data` (shuffled with `data_seed`, default the settings' seed: a recipe's held-out split)."""
+    `settings.data` (shuffled with `data_seed`, default the settings' seed: a recipe's held-out split).
+
+    Perplexity and recall come first, lm-eval tasks and the bench after; report.md and results.json are
+    rewritten in `out_dir` after each, so a run cut short keeps what it measured. With `settings.cache`, the
+    baseline's scores (and its windows') are read from / stored in `cache_root` (default `$T2R_CACHE/eval`)."""
     specs = settings.harness_specs()
     if baseline is not None and baseline_tokenizer is not None:
         check_tokenizers(tokenizer, baseline_tokenizer, model_spec, baseline_spec)
@@ -208,51 +175,90 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                    **({"baseline": describe(baseline_spec, baseline)} if baseline is not None else {})},
         "seconds": {},
     }
-    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length)
+    cache = ResultCache(cache_root or result_cache.default_root()) if settings.cache else NO_CACHE
+    fingerprint = None
+    if cache.enabled and baseline is not None:
+        fingerprint = cache.fingerprint(baseline_spec, baseline, baseline_tokenizer or tokenizer)
+    students = load_students(settings, tokenizer, model, {model_name, baseline_name}, cache, results)
+    found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length, fingerprint,
+                       students)
     check_lengths(found, settings)
+    results["contenders"] = [contender_info(c, found) for c in found]
     torch.manual_seed(settings.seed)
+    pending = [s for s in ("ppl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
+        ["bench"] if "bench" in settings.suites else [])
+
+    def measured(name: str, start: float) -> None:
+        results["seconds"][name] = time.perf_counter() - start
+        pending.remove(name)
+        results["unfinished"] = list(pending)
+        if cache.enabled:
+            results["cache"] = {"dir": str(cache.root), "read": cache.hits, "scored": cache.misses}
+        results["frontier"] = frontier.frontiers(results)
+        if pending:
+            report.write(results, out_dir, with_plots=False)
 
     if "ppl" in settings.suites:
         start = time.perf_counter()
         data = data or long_text_data(settings, out_dir)
         ids = perplexity.token_rows(data, tokenizer, settings.ppl_length, settings.capped(settings.ppl_rows),
                                     settings.seed if data_seed is None else data_seed, settings.pack)
-        rows = perplexity.position_perplexity(found, ids, settings.batch_size)
+        rows = perplexity.position_perplexity(found, ids, settings.batch_size, cache=cache)
         results["perplexity"] = {
             "data": data.path, "length": settings.ppl_length, "rows": len(ids), "pack": settings.pack,
             "results": [{**r.to_dict(), "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
                         for r, c in zip(rows, found)]}
-        results["seconds"]["ppl"] = time.perf_counter() - start
-    scored = found
+        measured("ppl", start)
     if "mqar" in settings.suites:
         start = time.perf_counter()
-        results["mqar"] = recall.mqar(scored, tokenizer, settings.mqar_pairs, settings.capped(settings.mqar_prompts),
-                                      settings.seed, settings.batch_size)
-        results["seconds"]["mqar"] = time.perf_counter() - start
+        results["mqar"] = recall.mqar(found, tokenizer, settings.mqar_pairs, settings.capped(settings.mqar_prompts),
+                                      settings.seed, settings.batch_size, cache=cache)
+        measured("mqar", start)
     if "passkey" in settings.suites:
         start = time.perf_counter()
-        results["passkey"] = recall.passkey(scored, tokenizer, settings.passkey_lengths, settings.passkey_depths,
+        results["passkey"] = recall.passkey(found, tokenizer, settings.passkey_lengths, settings.passkey_depths,
                                             settings.capped(settings.passkey_prompts), settings.seed,
-                                            settings.batch_size)
-        results["seconds"]["passkey"] = time.perf_counter() - start
+                                            settings.batch_size, cache=cache)
+        measured("passkey", start)
     if specs:
         start = time.perf_counter()
         results["tasks"] = {}
-        for name, m, tok in ((model_name, model, tokenizer), (baseline_name, baseline, baseline_tokenizer or tokenizer)):
+        for name, m, tok, fp in ((model_name, model, tokenizer, None),
+                                 (baseline_name, baseline, baseline_tokenizer or tokenizer, fingerprint)):
             if m is not None:
-                out = harness.run_harness(m, tok, specs, limit=settings.limit, batch_size=settings.batch_size,
-                                          max_length=settings.lm_eval_max_length, seed=settings.seed)
+                out = lm_eval_scores(m, tok, specs, settings, cache, fp)
                 results["tasks"][name] = out
                 results["environment"]["lm_eval"] = out["lm_eval_version"]
-        results["seconds"]["lm-eval"] = time.perf_counter() - start
+        measured("lm-eval", start)
     if "bench" in settings.suites:
         start = time.perf_counter()
         rows = []
         for name, m in ((model_name, model), (baseline_name, baseline)):
-            if m is not None:
+            if m is not None:  # timed afresh for both: speed is only comparable within one run
                 rows += bench.bench_model(m, name, settings.bench_contexts, settings.bench_batch_sizes,
                                           settings.bench_decode_tokens, repeats=settings.bench_repeats,
-                                          seed=settings.seed, allow_beyond=True)  # speed, not quality
+                                          seed=settings.seed, allow_beyond=True,  # speed, not quality
+                                          decode=settings.bench_decode)
         results["bench"] = [asdict(r) for r in rows]
-        results["seconds"]["bench"] = time.perf_counter() - start
+        measured("bench", start)
+    results.pop("unfinished", None)
     return results
+
+
+def lm_eval_scores(model, tokenizer, specs, settings: EvalSettings, cache: ResultCache, fingerprint: str | None):
+    """`harness.run_harness` for one model; read from `cache` when `fingerprint` is given and the tasks (local
+    files by content), limit, batch size, max length, seed and lm-eval version are those stored."""
+    def run():
+        return harness.run_harness(model, tokenizer, specs, limit=settings.limit, batch_size=settings.batch_size,
+                                   max_length=settings.lm_eval_max_length, seed=settings.seed)
+
+    if not cache.enabled or fingerprint is None:
+        return run()
+    from importlib.metadata import version as installed
+
+    inputs = {"tasks": cache.with_file_digests([asdict(s) for s in specs]), "limit": settings.limit,
+              "batch_size": settings.batch_size, "max_length": settings.lm_eval_max_length, "seed": settings.seed,
+              "lm_eval": installed("lm_eval")}
+    parameter = next(model.parameters())
+    return cache.cached(cache.key_parts(fingerprint, "lm-eval", inputs, dtype=parameter.dtype,
+                                        device=parameter.device), run)

@@ -96,3 +96,58 @@ def test_bench_train_refuses_a_list_of_step_sizes(converted, capsys):
 def test_bench_refuses_flags_of_the_other_mode_before_loading(flags, named, capsys):
     assert main(["bench", "--model", "missing/model-dir-that-is-not-read", *flags]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_every_setting_is_a_flag_with_its_help_and_default(capsys):
+    """`t2r eval` has one flag per `EvalSettings` field, named after it, with the field's help and default;
+    `t2r bench` has the bench settings without their prefix. A recipe's eval: names are the same fields."""
+    from dataclasses import fields
+
+    from t2r.cli.eval_flags import default_text
+    from t2r.eval.settings import EvalSettings
+
+    for command, argv in (("eval", ["eval", "--help"]), ("bench", ["bench", "--help"])):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+        for f in fields(EvalSettings):
+            if command == "bench" and f.metadata["group"] != "bench" and f.name not in ("baseline", "device", "dtype",
+                                                                                         "seed"):
+                continue
+            name = f.name.removeprefix("bench_") if command == "bench" else f.name
+            help_text = "".join(f"{f.metadata['help']} (default: {default_text(f)})".split())
+            assert f"--{name.replace('_', '-')}" in text and help_text in text, (command, f.name)
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("--data-documents N how many held-out documents to read from --data (default: 256)",
+                  "--mqar-prompts N MQAR: prompts per cell (default: 8)",
+                  "--passkey-prompts N passkey: prompts per (length, depth) cell (default: 2)",
+                  "--lm-eval-max-length N lm-eval max_length (the same for both models) (default: 2048)"):
+        assert shown in text
+    for hidden in ("--suite ", "--contexts", "--max-length", "--batch-sizes"):  # old spellings: accepted, not shown
+        assert hidden not in text
+
+
+def test_flags_left_out_keep_the_settings_defaults_and_old_spellings_still_work():
+    from t2r.cli import build_parser
+    from t2r.cli.evaluate import bench_settings, eval_settings
+    from t2r.eval.settings import EvalSettings
+
+    parser = build_parser()
+    assert eval_settings(parser.parse_args(["eval", "--out", "o"])) == EvalSettings()
+    given = eval_settings(parser.parse_args([
+        "eval", "--out", "o", "--data-documents", "9", "--mqar-prompts", "3", "--passkey-prompts", "5",
+        "--ppl-length", "1K", "--pack", "--windows", "32,1K", "--passkey-depths", "0,0.5", "--bench-decode", "static"]))
+    assert given == EvalSettings(data_documents=9, mqar_prompts=3, passkey_prompts=5, ppl_length=1024, pack=True,
+                                 windows=[32, 1024], passkey_depths=[0.0, 0.5], bench_decode="static")
+    assert eval_settings(parser.parse_args(["eval", "--out", "o", "--pack", "false"])).pack is False
+    old = eval_settings(parser.parse_args(["eval", "--out", "o", "--suite", "ppl", "--contexts", "1K,2K",
+                                           "--batch-sizes", "1,4", "--max-length", "512"]))
+    new = eval_settings(parser.parse_args(["eval", "--out", "o", "--suites", "ppl", "--bench-contexts", "1K,2K",
+                                           "--bench-batch-sizes", "1,4", "--lm-eval-max-length", "512"]))
+    assert old == new == EvalSettings(suites=["ppl"], bench_contexts=[1024, 2048], bench_batch_sizes=[1, 4],
+                                      lm_eval_max_length=512)
+    assert eval_settings(parser.parse_args(["eval", "--out", "o", "--tasks", "piqa"])).suites == []
+    bench = bench_settings(parser.parse_args(["bench", "--contexts", "2K", "--repeats", "1", "--decode", "static"]))
+    assert bench == EvalSettings(bench_contexts=[2048], bench_repeats=1, bench_decode="static")

@@ -1,0 +1,147 @@
+"""What `t2r eval` (and the eval of `t2r run`) measures: `EvalSettings`, one field per setting.
+
+Each field carries its help as metadata (as `t2r.layers.options.MixerOptions` do); a recipe's `eval:` section
+sets the fields by name, and `t2r eval` / `t2r bench` generate their flags from them (`t2r.cli.eval_flags`),
+so a setting has one name and one default everywhere. This module imports neither torch nor transformers:
+`t2r eval --help` reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from t2r.dtypes import DTYPE_NAMES
+
+BUILTIN_SUITES = ("ppl", "mqar", "passkey", "bench")
+DEFAULT_SUITES = ("ppl", "mqar", "passkey")
+HELD_OUT = "held-out"
+"""`data` value in a recipe's eval section: the recipe's own held-out documents (`data.held_out`)."""
+DECODE_MODES = ("eager", "static")
+FRONTIER_WINDOWS = (32, 64, 128, 256, 512, 1024)
+EVAL_DTYPES = ("auto", *DTYPE_NAMES)
+GROUPS = {
+    "what": "what to measure",
+    "ppl": "perplexity by position, against sliding-window baselines",
+    "recall": "synthetic recall (mqar, passkey)",
+    "lm-eval": "lm-eval tasks",
+    "bench": "speed and memory (the bench suite; t2r bench drops the bench- prefix)",
+}
+"""Flag groups of `t2r eval --help`, in order (each field names its group)."""
+
+
+def setting(default, help: str, group: str, **meta):
+    """A field whose `help` becomes its flag's text; a list default is copied for each instance. Extra
+    metadata: `choices`, `default_text` (the default as `--help` words it)."""
+    kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kwargs, metadata={"help": help, "group": group, **meta})
+
+
+def parse_sizes(text: str) -> list[int]:
+    """"1K,2K,512" -> [1024, 2048, 512] (K or k = 1024); a ValueError names the bad item."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip()
+        digits, factor = (item[:-1], 1024) if item[-1:] in ("K", "k") else (item, 1)
+        if not digits.isdigit() or int(digits) <= 0:
+            raise ValueError(f"bad size {item!r} in {text!r}: expected a positive integer, optionally with K (=1024)")
+        sizes.append(int(digits) * factor)
+    return sizes
+
+
+@dataclass
+class EvalSettings:
+    """What to measure and how much of it; every field has a default that runs on a laptop CPU."""
+
+    baseline: str | None = setting(
+        None, "model to compare with: directory, hub id, file.gguf or smollm2; 'none': no baseline (e.g. when "
+              "the source is scored once for several students)", "what",
+        default_text="the source a converted model records")
+    suites: list[str] = setting(
+        list(DEFAULT_SUITES), "ppl, mqar, passkey, bench, and lm-eval suites (commonsense, knowledge, aggregate, "
+                              "recall, local)", "what",
+        default_text=f"{','.join(DEFAULT_SUITES)}; with --tasks alone: only the tasks")
+    tasks: list[str] = setting([], "lm-eval task names or local multiple-choice .jsonl files / directories", "what")
+    students: list[str] = setting([], "other models (e.g. earlier students) scored on the same perplexity and recall "
+                                      "inputs, drawn as points against the window frontier", "what")
+    limit: int | None = setting(None, "cap on perplexity rows, prompts per recall cell and lm-eval documents per "
+                                      "task (quick looks)", "what")
+    batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what")
+    seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what")
+    device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")
+    dtype: str = setting("auto", "dtype both models are scored in; auto: float32 on CPU, bfloat16 on GPUs", "what",
+                         choices=EVAL_DTYPES)
+    cache: bool = setting(True, "reuse the baseline's scores (and its windows') from $T2R_CACHE/eval when its "
+                                "weights, inputs and settings are unchanged, and store new ones; the model is "
+                                "always scored", "what")
+
+    data: str | None = setting(
+        None, "held-out text for perplexity: local file, directory or hub dataset id; in a recipe, "
+              f"'{HELD_OUT}': the recipe's held-out documents", "ppl", default_text="generated long documents")
+    data_documents: int = setting(256, "how many held-out documents to read from --data", "ppl")
+    text_field: str = setting("text", "the JSON field holding the text in --data", "ppl")
+    ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl")
+    ppl_rows: int = setting(16, "perplexity rows", "ppl")
+    pack: bool = setting(False, "join documents end to end (EOS between) instead of using documents at least "
+                                "--ppl-length long", "ppl")
+    windows: list[int] = setting(list(FRONTIER_WINDOWS),
+                                 "window baselines: the baseline restricted to its last W tokens (plus the sinks); "
+                                 "scored on perplexity and recall, they draw the window frontier (frontier.png)",
+                                 "ppl")
+    sinks: int = setting(4, "sink tokens (the sequence's first) kept by each window baseline", "ppl")
+
+    mqar_pairs: list[int] = setting([8, 32, 64], "MQAR: key-value pairs per prompt, one cell each", "recall")
+    mqar_prompts: int = setting(8, "MQAR: prompts per cell", "recall")
+    passkey_lengths: list[int] = setting([512, 1024, 2048, 4096], "passkey: prompt lengths in tokens", "recall")
+    passkey_depths: list[float] = setting([0.0, 0.25, 0.5, 0.75, 1.0],
+                                          "passkey: needle depths (0: start, 1: end)", "recall")
+    passkey_prompts: int = setting(2, "passkey: prompts per (length, depth) cell", "recall")
+
+    lm_eval_max_length: int = setting(2048, "lm-eval max_length (the same for both models)", "lm-eval")
+
+    bench_contexts: list[int] = setting([512, 1024, 2048], "context lengths, e.g. 1K,2K,8K", "bench")
+    bench_batch_sizes: list[int] = setting([1], "batch sizes, e.g. 1,16,64", "bench")
+    bench_decode_tokens: int = setting(16, "decode steps per cell", "bench")
+    bench_repeats: int = setting(3, "timed repeats per cell, after one warm-up run", "bench")
+    bench_decode: str = setting(
+        "eager", "eager: the model's own cache through its forward (what generate() does); static: static "
+                 "buffers, a CUDA graph per step for converted fixed-state models and a compiled StaticCache "
+                 "forward for sources (framework overhead removed)", "bench", choices=DECODE_MODES)
+
+    def __post_init__(self):
+        self.check()
+
+    def harness_specs(self):
+        """The lm-eval tasks asked for (`t2r.eval.harness.TaskSpec`s), validated against lm-eval's index."""
+        from t2r.eval import harness
+
+        suites = [s for s in self.suites if s not in BUILTIN_SUITES]
+        if not suites and not self.tasks:
+            return []
+        return harness.resolve_tasks(",".join(suites) or None, list(self.tasks))
+
+    def check(self) -> None:
+        """Raise ValueError naming the bad field, before anything loads."""
+        for name in ("ppl_length", "ppl_rows", "data_documents", "mqar_prompts", "passkey_prompts", "batch_size",
+                     "bench_decode_tokens", "bench_repeats", "lm_eval_max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {self.sinks}")
+        for name in ("windows", "mqar_pairs", "passkey_lengths", "bench_contexts", "bench_batch_sizes"):
+            if any(v < 1 for v in getattr(self, name)):
+                raise ValueError(f"{name} must hold positive integers, got {getattr(self, name)}")
+        if any(not 0 <= d <= 1 for d in self.passkey_depths):
+            raise ValueError(f"passkey_depths must lie in [0, 1], got {self.passkey_depths}")
+        for name, choices in (("bench_decode", DECODE_MODES), ("dtype", EVAL_DTYPES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        if self.data not in (None, HELD_OUT):
+            from t2r.data.documents import is_local, local_files
+
+            if is_local(self.data):
+                local_files(self.data)  # raises naming the missing file or unsupported suffix
+
+    def capped(self, count: int) -> int:
+        return min(count, self.limit) if self.limit else count
