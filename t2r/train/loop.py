@@ -28,6 +28,7 @@ from .recipe import save_resolved
 from .resume import choose_start
 from .run_dir import RunLock
 from .stages import train_stages
+from .startup import StartupClock
 from .steps import require_finite
 
 
@@ -45,8 +46,9 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     if resume and overwrite:
         raise ValueError(f"--resume and --overwrite exclude each other: --resume continues the run in "
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
+    clock = StartupClock()
     accelerator = _accelerator(recipe)
-    with quiet_libraries():
+    with quiet_libraries(), clock.part("data check"):
         from_main_process(lambda: _check_data(recipe))  # before the model loads, and before the directory is made
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
     try:
@@ -54,7 +56,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         if note:
             accelerator.print(note)
         with quiet_libraries():
-            return _train(recipe, accelerator, resume, overwrite, callbacks)
+            return _train(recipe, accelerator, resume, overwrite, callbacks, clock)
     finally:
         if lock is not None:
             lock.release()
@@ -80,14 +82,14 @@ def _check_data(recipe) -> None:
     check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
 
 
-def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks) -> dict:
+def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock: StartupClock) -> dict:
     from accelerate.utils import set_seed
 
     found, changes = from_main_process(lambda: choose_start(recipe, resume, overwrite, accelerator.print))
     if accelerator.is_main_process:
         save_resolved(recipe, recipe.checkpoint.dir)
     set_seed(recipe.train.seed)
-    return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks))
+    return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks, clock))
 
 
 def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, history: list) -> dict:

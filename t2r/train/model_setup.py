@@ -3,6 +3,7 @@ trainable parameters chosen (all, attention, the new gates only, or LoRA through
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -33,13 +34,15 @@ def new_module_names(model: nn.Module) -> list[str]:
                    for name in _added_children(module)})
 
 
-def build_model(recipe, dtype: torch.dtype | None = None):
+def build_model(recipe, dtype: torch.dtype | None = None, clock=None):
     """(model, tokenizer, teacher or None) for the recipe. Weights load in float32 unless `dtype`
     is given: under mixed precision the optimizer keeps fp32 master weights and autocast computes
     in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills or
-    transfers attention."""
+    transfers attention. `clock` (a `StartupClock`) times the load, the calibration and the conversion."""
+    part = clock.part if clock is not None else (lambda name: contextlib.nullcontext())
     dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else torch_dtype(recipe.model.dtype))
-    source, tokenizer = load_source(recipe.model.source, dtype=dtype)
+    with part("load"):
+        source, tokenizer = load_source(recipe.model.source, dtype=dtype)
     teacher = None
     if recipe.convert.target == "none":
         model = source
@@ -50,11 +53,16 @@ def build_model(recipe, dtype: torch.dtype | None = None):
         # dtype would then share them (casting the teacher to another dtype gives it tensors of its own). The
         # calibration is measured on the main process only: under FSDP's RAM-efficient loading the others hold
         # no weights
-        model = calibrated_convert(
-            source, tokenizer, recipe.convert.target, layers=recipe.convert.layers, init=recipe.convert.init,
-            data=recipe.data.data_config(), length=min(512, recipe.data.seq_len),
-            ranking_dir=Path(recipe.checkpoint.dir) / "layer_ranking", measure=from_main_process,
-            source=recipe.model.source, copy=wants_teacher and teacher_dtype == dtype, **recipe.convert.options)
+        def measure(fn):
+            with part("calibration"):
+                return from_main_process(fn)
+
+        with part("convert"):
+            model = calibrated_convert(
+                source, tokenizer, recipe.convert.target, layers=recipe.convert.layers, init=recipe.convert.init,
+                data=recipe.data.data_config(), length=min(512, recipe.data.seq_len),
+                ranking_dir=Path(recipe.checkpoint.dir) / "layer_ranking", measure=measure,
+                source=recipe.model.source, copy=wants_teacher and teacher_dtype == dtype, **recipe.convert.options)
         if wants_teacher:  # the loaded source itself serves as the teacher, no second load
             teacher = source.to(teacher_dtype).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:

@@ -31,6 +31,7 @@ from .errors import CheckpointError
 from .losses import stage_loss
 from .model_setup import build_model, place_teacher, select_trainable, trainable_parameters
 from .schedule import lr_factor
+from .startup import StartupClock
 from .steps import Steps, train_steps
 from .transfer import AttentionTargets
 
@@ -78,9 +79,11 @@ def _needs_teacher(stages) -> bool:
     return any(stage.loss.get(loss) for stage in stages for loss in TEACHER_LOSSES)
 
 
-def train_stages(recipe, accelerator, found, changes, callbacks):
+def train_stages(recipe, accelerator, found, changes, callbacks, clock=None):
     """Run the stages of `recipe` in order (from `found`, a checkpoint, when resuming); returns
-    (model, tokenizer, state, last metrics, history) for the run's final steps."""
+    (model, tokenizer, state, last metrics, history) for the run's final steps. `clock`, a `StartupClock`,
+    times the start up to the first step."""
+    clock = clock or StartupClock()
     root, world = Path(recipe.checkpoint.dir), accelerator.num_processes
     plan = _plan(recipe)
     names = [stage.name for stage, _, _ in plan]
@@ -96,7 +99,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks):
     index = names.index(saved["stage"])
     todo = [stage for stage, steps, first in plan[index:] if saved["step"] < first + steps]
     model, tokenizer, teacher = build_model(replace(recipe, stages=todo or [plan[-1][0]],
-                                                    train=replace(recipe.train, trainable=plan[index][0].trainable)))
+                                                    train=replace(recipe.train, trainable=plan[index][0].trainable)),
+                                            clock=clock)
     if not _needs_teacher(todo):
         teacher = None
     exact = world == 1
@@ -105,11 +109,13 @@ def train_stages(recipe, accelerator, found, changes, callbacks):
         for p in model.parameters():
             p.requires_grad_(id(p) in union)
     params = stage_parameters(model, recipe, plan[index][0], exact)
-    model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train))
-    if teacher is not None:
-        place_teacher(teacher, accelerator.device)
+    with clock.part("prepare"):
+        model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train))
+        if teacher is not None:
+            place_teacher(teacher, accelerator.device)
     if found is not None:
-        state = {**state, **checkpoint.load(accelerator, found)}
+        with clock.part("resume"):
+            state = {**state, **checkpoint.load(accelerator, found)}
         state["recipe_changes"] = state["recipe_changes"] + [{"step": state["step"], **c} for c in changes]
         where = (f"stage {state['stage']}, step {state['stage_step']} of it; global step "
                  if recipe.stages is not None else "step ")
@@ -131,7 +137,7 @@ def train_stages(recipe, accelerator, found, changes, callbacks):
         if recipe.stages is not None:
             state.update(stage=stage.name, stage_step=state["step"] - first)
         metrics = _run_stage(recipe, accelerator, model, teacher, tokenizer, (i, stage, steps, first), params,
-                             optimizer, state, history, callbacks)
+                             optimizer, state, history, callbacks, clock)
         if teacher is not None and not _needs_teacher([s for s, _, _ in plan[i + 1:]]):
             teacher = None  # no later stage compares against the source: free its memory
             gc.collect()
@@ -140,7 +146,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks):
     return model, tokenizer, state, metrics, history
 
 
-def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, optimizer, state, history, callbacks):
+def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, optimizer, state, history, callbacks,
+               clock):
     """Stage `where` = (index, stage, steps, global step before it) from its step `state["stage_step"]`."""
     i, stage, steps, first = where
     named = recipe.stages is not None  # the one stage of a recipe without stages is unnamed, as it always was
@@ -169,7 +176,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast), optimizer, params, stage.lr,
                 lr_at, batches, first=first, stage=stage.name if named else None,
                 lr_field=f"stages.{stage.name}.lr" if named else "train.lr",
-                manual_grad_sync=manual_sync)
+                manual_grad_sync=manual_sync, clock=clock)
     try:
         return train_steps(recipe, accelerator, model, run, state, history, callbacks)
     finally:

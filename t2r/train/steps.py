@@ -35,6 +35,7 @@ class Steps:
     stage: str | None = None  # the stage's name: in rows, progress, checkpoint names and the trainer state
     lr_field: str = "train.lr"
     manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
+    clock: object = None  # a `StartupClock` still open: closed, printed and written after this run's first step
 
 
 def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
@@ -52,7 +53,9 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     model.train()
     window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
     metrics = {"step": step, "tokens": tokens}
-    for batch in run.batches:
+    clock = run.clock if run.clock is not None and run.clock.open else None
+    batches = clock.timed_batches(run.batches) if clock is not None else run.batches
+    for batch in batches:
         if step >= end:
             break
         with accelerator.accumulate(model):
@@ -81,6 +84,14 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
             run.optimizer.zero_grad(set_to_none=True)
         if not accelerator.sync_gradients:
             continue
+        if clock is not None:  # the first optimizer step: its compute (compilation included), then the line
+            fetched = clock.parts.get("first batches", 0.0)
+            clock.add("first step", time.perf_counter() - window_start - fetched)
+            clock.done()
+            accelerator.print(clock.line())
+            if accelerator.is_main_process:
+                clock.write(root)
+            clock = None
         step += 1
         tokens += window_tokens
         elapsed = time.perf_counter() - window_start

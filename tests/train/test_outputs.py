@@ -181,3 +181,35 @@ def test_plot_says_why_it_drew_nothing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     said = logs.plot([{"step": 1, "tokens": 10, "loss": 1.0}], tmp_path / "loss.png", "t")
     assert said.startswith("logging.plot: matplotlib is not installed") and not (tmp_path / "loss.png").exists()
+
+
+def test_startup_clock_counts_each_second_once():
+    """Nested parts count their own time only; `other` is what no part held; the parts add up to the total."""
+    import time
+
+    from t2r.train.startup import StartupClock
+
+    clock = StartupClock()
+    with clock.part("convert"):
+        time.sleep(0.02)
+        with clock.part("calibration"):
+            time.sleep(0.03)
+    clock.add("first step", 0.01)
+    clock.done()
+    clock.add("late", 1.0)  # after done(): ignored
+    assert 0.03 <= clock.parts["calibration"] < 0.045 and 0.02 <= clock.parts["convert"] < 0.035
+    assert "late" not in clock.parts and clock.parts["other"] >= 0
+    assert abs(sum(clock.parts.values()) - clock.total) < 1e-9
+
+
+def test_a_run_writes_its_startup_breakdown(tmp_path, source_dir, corpus, capsys):
+    import json
+
+    r = recipe(tmp_path, source_dir, corpus, run="startup", **{"train.max_steps": 2})
+    finetune(r)
+    record = json.loads((tmp_path / "startup" / "startup.json").read_text())
+    for part in ("data check", "load", "convert", "prepare", "first batches", "first step", "other"):
+        assert record[f"{part}_s"] >= 0, part
+    parts = sum(v for k, v in record.items() if k != "total_s")
+    assert abs(parts - record["total_s"]) < 0.01 and record["first step_s"] > 0
+    assert "start-up: " in capsys.readouterr().out
