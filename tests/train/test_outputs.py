@@ -194,7 +194,6 @@ def test_startup_clock_counts_each_second_once():
         time.sleep(0.02)
         with clock.part("calibration"):
             time.sleep(0.03)
-    clock.add("first step", 0.01)
     clock.done()
     clock.add("late", 1.0)  # after done(): ignored
     assert 0.03 <= clock.parts["calibration"] < 0.045 and 0.02 <= clock.parts["convert"] < 0.035
