@@ -1,6 +1,6 @@
 """Distillation losses fused with the output projection, chunk by chunk over tokens.
 
-The plain loss (`t2r.train.loop.distill_kl`) materialises both models' logits for a whole micro-batch, in
+The plain loss (`t2r.train.losses.distill_kl`) materialises both models' logits for a whole micro-batch, in
 fp32 several times over (logits, log-softmax, the teacher's, the gradient): at 8 x 2048 tokens and SmolLM2's
 49,152-token vocabulary that is 3.2 GB per fp32 copy. Here each chunk of `chunk_tokens` tokens runs
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from t2r.train.kl import chunked_distill_losses, chunked_kl, plain_distill_losses, shift_labels
-from t2r.train.loop import distill_kl
+from t2r.train.losses import distill_kl
 
 VOCAB, HIDDEN, TEACHER_HIDDEN = 61, 24, 20
 
@@ -138,3 +138,25 @@ def test_errors_name_the_problem():
         chunked_kl(hidden, weight, t_hidden, t_weight, mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="temperature"):
         chunked_kl(hidden, weight, t_hidden, t_weight, temperature=0.0)
+
+
+def test_a_distill_stage_trains_the_same_with_the_fused_kl(tmp_path, source_dir, corpus):
+    """train.fused_kl (the default) against the plain loss on whole logits: the same KL and next-token parts at
+    every step (the later steps after the earlier steps' updates), up to rounding. (Weights are not compared:
+    Adam turns rounding-level differences in a near-zero gradient into lr-sized steps.)"""
+    import json
+
+    from t2r.train import finetune
+    from tests.train.conftest import recipe
+
+    runs = {}
+    for fused in (True, False):
+        r = recipe(tmp_path, source_dir, corpus, run=f"fused-{fused}", **{
+            "stages.distill.weight": 0.75, "stages.distill.temperature": 2, "train.max_steps": 3,
+            "train.fused_kl": fused, "data.held_out": 0})
+        finetune(r)
+        rows = [json.loads(line) for line in (tmp_path / f"fused-{fused}" / "metrics.jsonl").read_text().splitlines()]
+        runs[fused] = [(m["loss_kl"], m["loss_next_token"]) for m in rows if "loss" in m]
+    assert len(runs[True]) == 3
+    for (kl, ce), (plain_kl, plain_ce) in zip(runs[True], runs[False]):
+        assert kl == pytest.approx(plain_kl, rel=1e-4) and ce == pytest.approx(plain_ce, rel=1e-5)
