@@ -14,7 +14,12 @@ dk) loop over its query heads; nothing is repeated in memory. States are fp32 in
 states kept for the backward are stored in k's dtype (as the GLA kernels do), the final state in fp32.
 Head dims up to K = 128 (one K tile); V is tiled.
 
-Launch configs are pinned (no autotuning: the first call compiles each kernel once). Triton 3.6 on Hopper
+Compile time: launch configs are pinned (no autotuning: the first call compiles each kernel once); no kernel
+is specialised on the length T (do_not_specialize), which Triton would otherwise compile apart for
+T % 16 == 0 and make a compile-time constant when T == 1 (a binary with the scan loops folded away: T = 1 was
+the one GPU test shape that faulted; now it runs the binary T = 37 runs); the loops over a GQA group and the
+WY inverse are runtime loops, not unrolled. Offline compile of all six kernels for sm_90 at K = V = 128,
+G = 4: 23 s on a loaded 2-core CPU, against 260 s with the unrolled doubling inverse. Triton 3.6 on Hopper
 miscompiles tl.trans of an accumulator fed to a dot (fla #640): no kernel here uses tl.trans; transposed
 operands are loaded through transposed block pointers.
 """
@@ -70,7 +75,7 @@ def _states(k, v, g, beta, h0, cu_seqlens, chunks):
     u_part = torch.empty_like(v)
     _wy_fwd_kernel[(NTg, B * H)](
         k, v, g, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, **_cfg("wy_fwd"))
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, **_cfg("wy_fwd"))
     h = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     u = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device)
