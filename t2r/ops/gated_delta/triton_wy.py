@@ -1,5 +1,6 @@
 """Triton WY kernels of the gated delta rule (see triton_chunk.py): per chunk and kv head, fully parallel
-over chunks. Forward: the gate cumsum b, X = (I + A)^-1, W = X diag(beta gamma) K, U' = X diag(beta) V.
+over chunks. Forward: W = X diag(beta gamma) K, U' = X diag(beta) V from the gate cumsum b and
+X = (I + A)^-1 of triton_solve.py.
 Backward: dv, dbeta and the parts of dk and of the gate gradient that flow through W and U'.
 
 No transposed tile is ever made with tl.trans: every transposed operand is loaded transposed from memory
@@ -43,39 +44,18 @@ def _decay(b_b, n_valid, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.
 
 @triton.jit(do_not_specialize=["T"])
 def _wy_fwd_kernel(
-    k, v, g, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
+    k, v, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
+    # W = X diag(beta gamma) K and U' = X diag(beta) V, with b and X = (I + A)^-1 from _wy_inverse_kernel
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    o_i = tl.arange(0, BT)
-    o_t = i_t * BT + o_i
-    b_b = tl.cumsum(_rows(g, bos, i_h, i_t, T, H, BT), axis=0)
-    tl.store(bcum + (bos + o_t) * H + i_h, b_b, mask=o_t < T)
+    i_t, bos, T, _ = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    b_b = _rows(bcum, bos, i_h, i_t, T, H, BT)
     b_beta = _rows(beta, bos, i_h, i_t, T, H, BT)
-
-    # A^T, A_ij = beta_i (k_i . k_j) exp(b_i - b_j), j < i (K K^T is symmetric, so only the decay is transposed)
-    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, T), (1, H * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
-        b_kk += tl.dot(tl.load(p_k, boundary_check=(0, 1)), tl.load(p_kt, boundary_check=(0, 1)))
-    n_valid = T - i_t * BT
-    b_at = b_kk * _decay(b_b, n_valid, True, True, BT) * b_beta[None, :]
-
-    # X = (I + A)^-1 by forward substitution in fp32, row by row: X_i = e_i - sum_{j<i} A_ij X_j (the rows
-    # past the sequence's end stay e_i). A runtime loop: a few hundred instructions to compile, where the
-    # block doubling it replaces (12 unrolled 64x64x64 fp32 FMA dots) took most of the kernels' compile time
-    # and of the forward's run time.
-    b_x = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
-    for i in range(1, tl.minimum(BT, n_valid)):
-        b_ai = tl.sum(tl.where(o_i[None, :] == i, b_at, 0.), axis=1)         # A_i. along rows: [BT]
-        b_xi = tl.sum(b_ai[:, None] * b_x, axis=0)                           # sum_j A_ij X_j
-        b_x = tl.where(o_i[:, None] == i, b_x - b_xi[None, :], b_x)
     p_x = tl.make_block_ptr(ainv + (bos * H + i_h) * BT, (T, BT), (H * BT, 1), (i_t * BT, 0), (BT, BT), (1, 0))
-    tl.store(p_x, b_x, boundary_check=(0, 1))
+    b_x = tl.load(p_x, boundary_check=(0, 1))
 
     b_kscale = b_beta * tl.exp(b_b)
     for i_k in range(tl.cdiv(K, BK)):
