@@ -134,8 +134,13 @@ class ConvertedAttention(nn.Module):
         else:
             o = self.read_out(self.mix(hidden_states, q, k, v, attention_mask=attention_mask,
                                        past_key_values=past_key_values, cu_seqlens=kwargs.get("cu_seq_lens_q")))
-        o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
+        o = self.gate_output(o, hidden_states).reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
         return self.o_proj(o), None
+
+    def gate_output(self, o: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The per-head output `[B, T, HQ, V]` as the output projection reads it, gated by the current tokens'
+        hidden states (window included) in mixers with an output gate; the identity here."""
+        return o
 
     def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens) -> torch.Tensor:
         raise NotImplementedError
@@ -153,7 +158,7 @@ class ConvertedAttention(nn.Module):
         """Set the forget gates' starting decay from the source's per-query-head look-back `lookback` `[HQ]`
         (`t2r.eval.lookback`); mixers without a learned decay refuse."""
         raise ValueError(f"init='teacher': {self.target} has no learned forget-gate decay to set from the source's "
-                         "attention (supported: gla, fox)")
+                         "attention (supported: gla, gdn, fox)")
 
     def group_lookback(self, lookback: torch.Tensor) -> torch.Tensor:
         """`[HQ]` -> `[H]`: the mean look-back of the query heads that share each kv head."""
@@ -196,10 +201,15 @@ class RecurrentMixer(ConvertedAttention):
         raise NotImplementedError
 
     @classmethod
+    def number_of_states(cls, options: MixerOptions) -> int:
+        """How many tensors `recur` returns as its state (a tuple when more than one)."""
+        return cls.num_states
+
+    @classmethod
     def cache_layer(cls, options: MixerOptions):
         if getattr(options, "window", 0):
-            return WindowedStateLayer(cls.num_states, options.window, options.sinks)
-        return RecurrentStateLayer(number_of_states=cls.num_states)
+            return WindowedStateLayer(cls.number_of_states(options), options.window, options.sinks)
+        return RecurrentStateLayer(number_of_states=cls.number_of_states(options))
 
     @classmethod
     def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
