@@ -40,7 +40,7 @@ def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
 
 
 class DeltaRuleGates(nn.Module):
-    """x `[B,T,hidden]` -> (g `[B,T,H]` log decay <= 0, beta `[B,T,H]` in (0, 1)), both fp32."""
+    """x `[B,T,hidden]` -> (g `[B,T,H]` log decay <= 0, beta `[B,T,H]` in (0, 1)), both fp32 (fp64 for fp64 x)."""
 
     def __init__(self, hidden_size: int, num_heads: int):
         super().__init__()
@@ -52,9 +52,10 @@ class DeltaRuleGates(nn.Module):
         self.A_log = nn.Parameter(torch.empty(num_heads))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        decay_logits, beta_logits = F.linear(x, self.weight).float().split(self.num_heads, -1)
-        g = -self.A_log.float().exp() * F.softplus(decay_logits + self.dt_bias.float())
-        return g, torch.sigmoid(beta_logits + self.beta_bias.float())
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        decay_logits, beta_logits = F.linear(x, self.weight).to(dtype).split(self.num_heads, -1)
+        g = -self.A_log.to(dtype).exp() * F.softplus(decay_logits + self.dt_bias.to(dtype))
+        return g, torch.sigmoid(beta_logits + self.beta_bias.to(dtype))
 
     def dt_bias_for(self, log_decay: torch.Tensor) -> torch.Tensor:
         """The dt_bias that makes g = log_decay while w_a . x = 0, at the current A_log."""
@@ -87,8 +88,8 @@ class LowRankOutputGate(nn.Module):
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    """Unit length per head (fp32 math, x's dtype out); a zero vector (a padded token's key) stays zero."""
-    return F.normalize(x.float(), dim=-1, eps=1e-6).to(x.dtype)
+    """Unit length per head (at least fp32 math, x's dtype out); a zero vector (a padded token's key) stays zero."""
+    return F.normalize(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1, eps=1e-6).to(x.dtype)
 
 
 class GatedDeltaAttention(RecurrentMixer):
