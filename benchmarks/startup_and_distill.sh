@@ -8,7 +8,7 @@ out=${OUT:-runs/startup}
 mkdir -p "$out"
 common=(--config recipes/smollm2-staged-h100.yaml data.path=.stage/data/train-00.jsonl.gz data.held_out=16
         convert.options.window=64 convert.options.sinks=4 stages.align.tokens=393216 stages.distill.tokens=655360
-        stages.finetune.tokens=131072 logging.every_steps=1 logging.plot=false checkpoint.every_steps=100000
+        stages.finetune.tokens=131072 stages.finetune.warmup_steps=0 logging.every_steps=1 logging.plot=false checkpoint.every_steps=100000
         checkpoint.keep_last=1)
 for run in fused plain; do
     fused=true; [ $run = plain ] && fused=false
