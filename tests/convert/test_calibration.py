@@ -53,7 +53,7 @@ def test_without_auto_or_teacher_it_is_convert(fixed_text):
     assert torch.all(model.model.layers[0].self_attn.forget_gate.bias == 4.0)
     with pytest.raises(ValueError, match="init='learned': choose default or teacher"):
         calibrated_convert(source, None, "fox", init="learned")
-    with pytest.raises(ValueError, match=r"retnet has no learned forget-gate decay .*\(supported: gla, fox\)"):
+    with pytest.raises(ValueError, match=r"retnet has no learned forget-gate decay .*\(supported: gla, fox, gdn\)"):
         calibrated_convert(source, None, "retnet", init="teacher")
     assert fixed_text == []  # refused before anything was measured
 
