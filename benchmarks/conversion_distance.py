@@ -18,8 +18,9 @@ from t2r.sources import load_source
 
 VARIANTS = [
     ("gsa", {}), ("gsa", {"rope": True}), ("gsa", {"feature_map": "identity"}),
-    ("gla", {}), ("gla", {"rope": True}),
-    ("retnet", {}), ("retnet", {"rope": True}), ("retnet", {"output_norm": False}),
+    ("gla", {}), ("gla", {"rope": True}), ("gla", {"denominator": False, "output_norm": True}),
+    ("retnet", {}), ("retnet", {"rope": True}), ("retnet", {"denominator": False, "output_norm": True}),
+    ("retnet", {"denominator": False}), ("retnet", {"feature_map": "elu1"}),
     ("fox", {}), ("fox", {"rope": False}),
     ("gla", {"init": "teacher"}), ("fox", {"init": "teacher"}),   # with --teacher-text only
 ]

@@ -49,6 +49,15 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
             torch.cat([k_rot * cos + rotate_half(k_rot) * sin, k_pass], -1))
 
 
+def with_denominator(run, v: torch.Tensor, eps: float = 1e-6):
+    """Normalised linear attention (Katharopoulos et al. 2020, eq. 5): o_t = sum_s w_ts v_s / sum_s w_ts, with
+    w_ts = phi(q_t).(decayed) phi(k_s) the mixer's own weights. `run(v)` is the mixer's op on values `v`
+    `[B,T,H,V]` -> (o, state); it runs once on v with a column of ones appended, whose read-out is the
+    denominator, so the state `[.., K, V + 1]` carries it through chunks, packed sequences and decoding."""
+    o, state = run(torch.cat([v, torch.ones_like(v[..., :1])], -1))
+    return o[..., :-1] / o[..., -1:].clamp_min(eps), state
+
+
 def head_rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMS normalisation over the head dimension, without weight (adds no parameter)."""
     return F.rms_norm(x, (x.shape[-1],), eps=eps)
@@ -226,5 +235,7 @@ class RecurrentMixer(ConvertedAttention):
 
     @classmethod
     def recurrent_state_bytes(cls, options, heads, kv_heads, head_dim) -> int:
-        """One fp32 `[H, K, V]` state per kv head (GLA, retention); GSA overrides it."""
-        return cls.num_states * kv_heads * head_dim * head_dim * 4
+        """One fp32 `[H, K, V]` state per kv head (GLA, retention), `[H, K, V + 1]` with the denominator's column
+        (`with_denominator`); GSA overrides it."""
+        values = head_dim + bool(getattr(options, "denominator", False))
+        return cls.num_states * kv_heads * head_dim * values * 4

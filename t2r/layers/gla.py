@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from t2r.layers.base import RecurrentMixer, decay_for_lookback
+from t2r.layers.base import RecurrentMixer, decay_for_lookback, with_denominator
 from t2r.ops.gla import gla
 
 
@@ -62,4 +62,8 @@ class GatedLinearAttention(RecurrentMixer):
 
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         g = self.gate(hidden_states)
-        return gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+        def run(v):
+            return gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,
+                       cu_seqlens=cu_seqlens)
+        return with_denominator(run, v) if self.options.denominator else run(v)

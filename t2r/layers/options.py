@@ -8,6 +8,7 @@ layer instead; the built-in ones live here so the command line stays light.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 FEATURE_MAPS = ("identity", "relu", "swish", "elu1")
 _FIELD_TYPES = {"str": str, "bool": bool, "int": int, "float": (int, float)}
@@ -29,6 +30,10 @@ class MixerOptions:
     feature_map: str = option("identity", "map applied to q and k before the mixer")
     rope: bool = option(False, "apply the source's rotary embedding to q and k")
     output_norm: bool = option(False, "per-head RMS norm of the mixer output (no weight)")
+
+    saved_before: ClassVar[dict] = {}
+    """Values of fields added after models were saved: a saved config without such a field takes this value,
+    so a model loads with the behaviour it was trained with (new conversions take the defaults)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field; subclasses extend it."""
@@ -98,13 +103,26 @@ class GSAOptions(RecurrentOptions):
 
 
 @dataclass
-class GLAOptions(RecurrentOptions):
-    """Gated linear attention with ReLU feature maps and the per-head output norm of unnormalised linear
-    attention (SUPRA's finding). RoPE dropped: it measured farther from the source at conversion (SmolLM2:
-    KL 6.45 nats/token without RoPE vs 8.72 with)."""
+class LinearAttentionOptions(RecurrentOptions):
+    """GLA and retention as the GSA paper converts them (sec. 4.2): ReLU feature maps, no Swish output gate,
+    and no RoPE (farther from the source at conversion: SmolLM2 KL 5.25 vs 9.43 nats/token). Their read-out
+    sum_s w_ts v_s, w_ts = phi(q_t).phi(k_s) decayed, is unnormalised; t2r divides it by sum_s w_ts (Katharopoulos
+    et al. 2020, eq. 5), so that, like the softmax it replaces, the layer writes a weighted mean of values on
+    the source's scale. The paper (after SUPRA) normalises with a per-head norm instead, which writes a unit-RMS
+    vector at every token, 1-30x the source attention's output on SmolLM2: such students started farther from
+    the source and stalled (issue 31). Models saved before `denominator` keep that norm (`output_norm=True`)."""
 
     feature_map: str = "relu"
-    output_norm: bool = True
+    denominator: bool = option(True, "GLA, RetNet: divide the read-out by the sum of its weights phi(q).phi(k) "
+                                     "(normalised linear attention, Katharopoulos et al. 2020 eq. 5)")
+
+    saved_before: ClassVar[dict] = {"denominator": False}
+
+
+@dataclass
+class GLAOptions(LinearAttentionOptions):
+    """Gated linear attention: a low-rank data-dependent forget gate."""
+
     gate_logit_normalizer: float = option(16.0, GATE_DAMPING_HELP)
     gate_low_rank_dim: int = option(16, "GLA: rank of the low-rank forget-gate projection")
 
@@ -115,11 +133,8 @@ class GLAOptions(RecurrentOptions):
 
 
 @dataclass
-class RetNetOptions(RecurrentOptions):
-    """Retention: as GLA (ReLU, output norm, no RoPE), with fixed decays and no new parameter."""
-
-    feature_map: str = "relu"
-    output_norm: bool = True
+class RetNetOptions(LinearAttentionOptions):
+    """Retention: fixed per-head decays, no new parameter."""
 
 
 @dataclass

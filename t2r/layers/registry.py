@@ -58,10 +58,11 @@ class MixerSpec:
 
     def options_from_config(self, saved: dict) -> MixerOptions:
         """Options saved in a model config. Versions before per-target options saved every target's fields
-        under each target; those of other targets are dropped here."""
+        under each target; those of other targets are dropped here. Fields added since a model was saved take
+        their `saved_before` values (a non-empty `saved` is a saved model's; an empty one asks for defaults)."""
         others = {name for spec in MIXERS.values() for name in spec.options.field_names()}
-        return self.resolve_options(**{k: v for k, v in saved.items()
-                                       if k in self.options.field_names() or k not in others})
+        ours = {k: v for k, v in saved.items() if k in self.options.field_names() or k not in others}
+        return self.resolve_options(**({**self.options.saved_before, **ours} if ours else ours))
 
 
 MIXERS: dict[str, MixerSpec] = {}

@@ -8,7 +8,7 @@ import math
 import torch
 from transformers import initialization as init
 
-from t2r.layers.base import RecurrentMixer
+from t2r.layers.base import RecurrentMixer, with_denominator
 from t2r.ops.simple_gla import simple_gla
 
 
@@ -31,5 +31,8 @@ class RetentionAttention(RecurrentMixer):
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         batch, length = q.shape[:2]
         g = self.log_decay.to(q.device).expand(batch, length, -1)
-        return simple_gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,
-                          cu_seqlens=cu_seqlens)
+
+        def run(v):
+            return simple_gla(q, k, v, g, scale=self.scaling, initial_state=state,
+                              output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return with_denominator(run, v) if self.options.denominator else run(v)

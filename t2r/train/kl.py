@@ -95,6 +95,13 @@ def chunked_distill_losses(student_hidden: torch.Tensor, student_weight: torch.T
     return DistillLosses(kl, ce if labels is not None else None)
 
 
+def _log_softmax_(x: torch.Tensor, t: float) -> torch.Tensor:
+    """log_softmax(x / t) in place."""
+    if t != 1:
+        x.div_(t)
+    return x.sub_(x.logsumexp(-1, keepdim=True))
+
+
 def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """`[B, T]` labels as the model takes them -> the target of each position: labels[:, 1:] and `ignore_index`
     last, as transformers' causal-LM loss shifts them."""
@@ -136,44 +143,50 @@ class _FusedDistill(torch.autograd.Function):
                      for part in (("kl", "ce") if labels is not None else ("kl",))}
             kl_sum = torch.zeros((), dtype=torch.float64, device=hidden.device)
             ce_sum = torch.zeros((), dtype=torch.float64, device=hidden.device)
+            def add(part: str, g: torch.Tensor, rows: slice, h: torch.Tensor) -> None:
+                """d loss / d logits of one chunk -> its share of d loss / d hidden and d loss / d W."""
+                g = g.to(dtype)
+                grad_h, grad_w = grads[part]
+                if want_h:
+                    grad_h[rows] = g @ w
+                if want_w:
+                    grad_w += (g.t() @ h).float()
+
+            # three fp32 [chunk, V] buffers at most: logits (then log q, then the gradient), the teacher's
+            # (log p, then p) and log p - log q
             for start in range(0, n, chunk):
                 rows = slice(start, min(start + chunk, n))
                 h = hidden[rows].to(dtype)
                 logits = (h @ w.t()).float()  # rounded to the compute dtype, as the model's lm_head gives them
+                if labels is not None:  # the next-token loss at T = 1, while the logits are raw
+                    y = labels[rows]
+                    valid = y != ignore_index
+                    lse = logits.logsumexp(-1, keepdim=True)
+                    ce_sum -= (logits.gather(-1, y.clamp(min=0)[:, None]) - lse)[valid, 0].sum().double()
+                    g = logits.sub(lse).exp_()  # softmax - one-hot, over the counted labels
+                    g[valid.nonzero()[:, 0], y[valid]] -= 1
+                    g[~valid] = 0
+                    add("ce", g.div_(max(counted, 1)), rows, h)
+                    del g, lse
+                log_q = _log_softmax_(logits, t)
                 if isinstance(teacher, tuple):
                     target = (teacher[0][rows].to(teacher_dtype) @ teacher[1].t()).float()
                 else:
-                    target = teacher[rows].float()
-                target = F.log_softmax(target / t, -1)
-                student = F.log_softmax(logits / t, -1)
+                    target = teacher[rows].to(torch.float32, copy=True)
+                log_p = _log_softmax_(target, t)
+                difference = log_p - log_q
+                p = log_p.exp_()
+                row_kl = torch.linalg.vecdot(p, difference)  # F.kl_div's exp(log p) (log p - log q), summed
+                del difference
                 keep = None if mask is None else mask[rows]
-                row_kl = F.kl_div(student, target, log_target=True, reduction="none").sum(-1)
                 kl_sum += (row_kl if keep is None else row_kl[keep]).sum().double()
                 # d (T^2 KL / N) / d logits = T (q - p) / N, zero on dropped tokens
-                grad = student.exp_().sub_(target.exp_()).mul_(t / max(kept, 1))
+                grad = log_q.exp_().sub_(p).mul_(t / max(kept, 1))
+                del p, log_p, target
                 if keep is not None:
                     grad[~keep] = 0
-                del target, student
-                parts = [("kl", grad)]
-                if labels is not None:
-                    y = labels[rows]
-                    valid = y != ignore_index
-                    log_q = F.log_softmax(logits, -1)
-                    picked = log_q.gather(-1, y.clamp(min=0)[:, None])[:, 0]
-                    ce_sum -= picked[valid].sum().double()
-                    grad_ce = log_q.exp_()
-                    grad_ce[valid.nonzero()[:, 0], y[valid]] -= 1
-                    grad_ce[~valid] = 0
-                    parts.append(("ce", grad_ce.div_(max(counted, 1))))
-                del logits
-                for part, g in parts:
-                    g = g.to(dtype)
-                    grad_h, grad_w = grads[part]
-                    if want_h:
-                        grad_h[rows] = g @ w
-                    if want_w:
-                        grad_w += (g.t() @ h).float()
-                del parts, g
+                add("kl", grad, rows, h)
+                del grad, log_q, logits
         ctx.grads = grads
         ctx.dtypes = hidden.dtype, weight.dtype
         kl = (kl_sum * t * t / max(kept, 1)).float()

@@ -201,3 +201,60 @@ def test_convert_without_copy_takes_the_source_tensors():
     ids = torch.randint(3, 97, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(shared(ids).logits, copied(ids).logits)
+
+
+def _attention_outputs(model, ids):
+    """Per layer, what o_proj reads `[B, T, HQ * D]` and the values `[B, T, H * D]`."""
+    seen = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        attention = layer.self_attn
+        hooks.append(attention.o_proj.register_forward_pre_hook(
+            lambda m, args, i=i: seen.__setitem__(("o", i), args[0])))
+        hooks.append(attention.v_proj.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(("v", i), out)))
+    with torch.no_grad():
+        model(ids)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("target", ["gla", "retnet"])
+def test_linear_attention_reads_out_a_mean_of_values_on_the_sources_scale(target):
+    """At conversion a GLA / RetNet layer outputs, as the softmax it replaces does, a weighted mean of the values
+    it has seen (Katharopoulos et al. 2020, eq. 5): each channel within the range of its kv head's past values,
+    and the RMS within 2x of the source attention's. The read-out used before, a weightless RMS norm of the
+    unnormalised sum, wrote unit-RMS vectors at every token: 11-20x the source's here, 1-30x on SmolLM2, where
+    the GLA and RetNet students then did not learn (issue 31)."""
+    source, ids = tiny_source("llama"), torch.randint(3, 97, (2, 40))
+    model = t2r.convert(source, target)
+    ours, theirs = _attention_outputs(model, ids), _attention_outputs(source, ids)
+    for i in range(source.config.num_hidden_layers):
+        o, v = ours[("o", i)].unflatten(-1, (4, 16)), ours[("v", i)].unflatten(-1, (2, 16))
+        v = v.repeat_interleave(2, dim=2)  # the kv head each query head reads
+        low, high = v.cummin(dim=1).values, v.cummax(dim=1).values
+        assert (o >= low - 1e-5).all() and (o <= high + 1e-5).all(), f"layer {i}"
+        ratio = (o.pow(2).mean() / theirs[("o", i)].pow(2).mean()).sqrt().item()
+        assert 0.5 < ratio < 2, f"layer {i}: output RMS {ratio:.2f}x the source attention's"
+
+
+def test_models_saved_before_the_denominator_load_with_their_read_out(tmp_path):
+    """A GLA saved when the read-out was a weightless RMS norm (its config has no `denominator`) loads with that
+    read-out; a new conversion gets the denominator."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    source, ids = tiny_source("llama"), torch.randint(3, 97, (1, 11))
+    old = t2r.convert(source, "gla", denominator=False, output_norm=True)
+    old.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["t2r_options"]["gla"]["denominator"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.t2r_options["gla"]["denominator"] is False
+    assert loaded.config.t2r_options["gla"]["output_norm"] is True
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, old(ids).logits, atol=1e-5)
+    new = t2r.convert(source, "gla").config.t2r_options["gla"]
+    assert (new["denominator"], new["output_norm"]) == (True, False)

@@ -166,7 +166,7 @@ def test_saved_options_of_other_targets_are_dropped_on_load():
               "gate_logit_normalizer": 16.0, "gate_low_rank_dim": 4, "fox_gate_bias": 8.0}
     assert get_mixer("gla").options_from_config(legacy).to_dict() == {
         "feature_map": "relu", "rope": False, "output_norm": True, "gate_logit_normalizer": 16.0,
-        "gate_low_rank_dim": 4, "window": 0, "sinks": 0}
+        "gate_low_rank_dim": 4, "window": 0, "sinks": 0, "denominator": False}  # saved before the denominator
     with pytest.raises(ValueError, match="no option"):
         get_mixer("gla").options_from_config({**legacy, "slots": 3})
 

@@ -72,8 +72,11 @@ def test_equals_the_training_loops_distill_kl_times_t_squared():
 def test_teacher_logits_and_teacher_hidden_give_the_same_loss():
     hidden, weight, t_hidden, t_weight = make((2, 10))
     a = chunked_kl(hidden, weight, t_hidden, t_weight, chunk_tokens=3)
-    b = chunked_kl(hidden, weight, teacher_logits=F.linear(t_hidden, t_weight), chunk_tokens=7)
+    teacher_logits = F.linear(t_hidden, t_weight)
+    before = teacher_logits.clone()
+    b = chunked_kl(hidden, weight, teacher_logits=teacher_logits, chunk_tokens=7)
     assert abs(a.item() - b.item()) < 1e-6 * a.item()
+    assert torch.equal(teacher_logits, before)  # the chunks work in place on copies, never on the caller's logits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
