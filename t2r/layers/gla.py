@@ -62,4 +62,5 @@ class GatedLinearAttention(RecurrentMixer):
 
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
         g = self.gate(hidden_states)
-        return gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,
+                   cu_seqlens=cu_seqlens)
