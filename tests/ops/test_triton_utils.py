@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from triton_support import DEV, require_triton
+from tests.helpers.triton import DEV, require_triton
 
 require_triton()
 

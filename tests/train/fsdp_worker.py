@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 CASES = {"gsa": dict(num_slots=4), "gla": {}, "retnet": {}, "fox": {}, "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
 

@@ -9,8 +9,7 @@ import t2r
 from t2r.layers import MIXERS
 from t2r.layers.state import WindowedStateLayer
 from t2r.train.model_setup import new_module_names
-from tests.models.conftest import small, tiny_source
-from tests.models.test_generate import greedy
+from tests.helpers.models import greedy, small, tiny_source
 
 FIXED_STATE = [name for name, spec in MIXERS.items() if spec.constant_memory]
 WINDOW = dict(window=5, sinks=2)
