@@ -104,12 +104,9 @@ def gated_delta_rows(B, T, HQ, H, D, with_fla=True):
     do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
     rows = [("t2r gated_delta (GQA)",) + time_op(lambda *x: chunk_gated_delta_rule_triton(*x),
                                                  gated_delta_inputs(B, T, HQ, H, D), do)]
-    if with_fla and fla_chunk_gated_delta is not None:
-        try:
-            rows.append((f"fla chunk_gated_delta_rule ({HQ} heads)",)
-                        + time_op(lambda *x: fla_chunk_gated_delta(*x), gated_delta_inputs(B, T, HQ, HQ, D), do))
-        except Exception as e:  # noqa: BLE001
-            rows.append((f"fla chunk_gated_delta_rule: {type(e).__name__}", float("nan"), float("nan"), 0.))
+    if with_fla and fla_chunk_gated_delta is not None:   # fla 0.5.2: (q, k, v, g, beta, scale=None, ...), [B,T,H,*]
+        rows.append(try_time_op(f"fla chunk_gated_delta_rule ({HQ} heads)", lambda *x: fla_chunk_gated_delta(*x),
+                                gated_delta_inputs(B, T, HQ, HQ, D), do))
     return rows
 
 
@@ -135,7 +132,7 @@ def gated_delta_decode_rows(B=64, HQ=32, H=8, D=128, with_fla=True):
                                                             output_final_state=True))
                 rows.append((f"fla fused_recurrent_gated_delta_rule ({HQ} heads)", t))
             except Exception as e:  # noqa: BLE001
-                rows.append((f"fla fused_recurrent_gated_delta_rule: {type(e).__name__}", float("nan")))
+                rows.append((f"fla fused_recurrent_gated_delta_rule ({error_text(e)})", float("nan")))
     return rows
 
 
@@ -161,6 +158,28 @@ def time_op(fn, args, do):
     return bench(fwd), bench(fwdbwd), first
 
 
+def error_text(e: Exception) -> str:
+    """`Type: first line of the message`, at most 80 characters, for a table cell."""
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:80].replace("|", "/")
+
+
+def try_time_op(label, fn, args, do):
+    """time_op's row for another library's op, which may refuse: when fwd+bwd raises, the forward is timed
+    alone (fla 0.5.2 refuses its gated backward kernels on Hopper with triton < 3.7.1, fla #640) and the
+    label carries the error, so the table says why a column is missing."""
+    try:
+        return (label,) + time_op(fn, args, do)
+    except Exception as e:  # noqa: BLE001
+        why = error_text(e)
+    try:
+        with torch.no_grad():
+            fwd = bench(lambda: fn(*args))
+        return (f"{label} (fwd+bwd: {why})", fwd, float("nan"), 0.)
+    except Exception as e:  # noqa: BLE001
+        return (f"{label} ({error_text(e)})", float("nan"), float("nan"), 0.)
+
+
 def sdpa_fn(q, k, v):
     # [B,T,H,D] -> [B,H,T,D]
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -184,25 +203,15 @@ def row_set(B, T, HQ, H, D, with_fla=True):
                 + time_op(lambda *x: parallel_forgetting_attention_triton(*x), [q, k, v, g_fox], do))
     rows.append(("SDPA causal flash (GQA)",) + time_op(sdpa_fn, [q, k, v], do))
     if with_fla and fla_forgetting_attn is not None:
-        try:
-            rows.append(("fla parallel_forgetting_attn (GQA)",)
-                        + time_op(lambda *x: fla_forgetting_attn(*x), [q, k, v, g_fox], do))
-        except Exception as e:  # noqa: BLE001
-            rows.append((f"fla parallel_forgetting_attn: {type(e).__name__}", float("nan"), float("nan"), 0.))
+        rows.append(try_time_op("fla parallel_forgetting_attn (GQA)", lambda *x: fla_forgetting_attn(*x),
+                                [q, k, v, g_fox], do))
     del a, q, k, v, s, gs, g_fox
     rows += gated_delta_rows(B, T, HQ, H, D, with_fla)
     if with_fla and fla_chunk_gla is not None:
         a = inputs(B, T, HQ, H, D, scalar=False, heads_for_kv=HQ)
-        try:
-            rows.append((f"fla chunk_gla ({HQ} heads)",) + time_op(lambda *x: fla_chunk_gla(*x), a, do))
-        except Exception as e:  # noqa: BLE001
-            rows.append((f"fla chunk_gla: {type(e).__name__}", float("nan"), float("nan"), 0.))
+        rows.append(try_time_op(f"fla chunk_gla ({HQ} heads)", lambda *x: fla_chunk_gla(*x), a, do))
         a = inputs(B, T, HQ, H, D, scalar=True, heads_for_kv=HQ)
-        try:
-            rows.append((f"fla chunk_simple_gla ({HQ} heads)",) + time_op(lambda *x: fla_chunk_simple_gla(*x), a, do))
-        except Exception as e:  # noqa: BLE001
-            msg = str(e).split("\n")[0][:60]
-            rows.append((f"fla chunk_simple_gla refuses: {msg}", float("nan"), float("nan"), 0.))
+        rows.append(try_time_op(f"fla chunk_simple_gla ({HQ} heads)", lambda *x: fla_chunk_simple_gla(*x), a, do))
         del a
     torch.cuda.empty_cache()
     return rows

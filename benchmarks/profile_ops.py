@@ -5,7 +5,8 @@
     python benchmarks/profile_ops.py --gsa-regs          # no GPU needed, see gsa_registers
 
 Shape is B,T,HQ,H,D (GSA uses 64 slots). Gates as in the benchmarks: logsigmoid(randn)/16 for
-GLA and simple GLA, logsigmoid(randn)/8 for GSA, logsigmoid(randn) for forgetting attention.
+GLA and simple GLA, logsigmoid(randn)/8 for GSA, logsigmoid(randn) for forgetting attention and the gated
+delta rule (unit-norm keys, beta = sigmoid(randn)).
 Gradients are taken with torch.autograd.grad, so no .grad accumulation is timed.
 """
 import argparse
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from t2r.ops import forgetting_attention, gla, gsa, simple_gla  # noqa: E402
+from t2r.ops import forgetting_attention, gated_delta_rule, gla, gsa, simple_gla  # noqa: E402
 
 DEV, DT, SLOTS = "cuda", torch.bfloat16, 64
 
@@ -37,7 +38,11 @@ def make(op, B, T, HQ, H, D):
     if op == "fox":
         args = (q, k, v, F.logsigmoid(rand(B, T, HQ).float()).to(DT))
         return lambda *a: forgetting_attention(*a), args
-    raise ValueError(f"unknown op {op!r}; choose simple_gla, gla, gsa or fox")
+    if op == "gated_delta":
+        k = F.normalize(k.float(), dim=-1).to(DT)
+        args = (q, k, v, F.logsigmoid(rand(B, T, H).float()), rand(B, T, H).float().sigmoid())
+        return lambda *a: gated_delta_rule(*a)[0], args
+    raise ValueError(f"unknown op {op!r}; choose simple_gla, gla, gsa, fox or gated_delta")
 
 
 def profile(op, shape, iters=5):

@@ -4,13 +4,22 @@ The registry and options import no torch; the layer classes load on first use (P
 `t2r.layers.registry` stays light for the command line.
 """
 
-from t2r.layers.options import FEATURE_MAPS, FoXOptions, GLAOptions, GSAOptions, MixerOptions, RetNetOptions
+from t2r.layers.options import (
+    FEATURE_MAPS,
+    FoXOptions,
+    GatedDeltaOptions,
+    GLAOptions,
+    GSAOptions,
+    MixerOptions,
+    RetNetOptions,
+)
 from t2r.layers.registry import MIXERS, MixerSpec, get_mixer, register_mixer, resolve_options, unregister_mixer
 
 _LAZY = {
     "ConvertedAttention": "t2r.layers.base", "RecurrentMixer": "t2r.layers.base",
     "GatedSlotAttention": "t2r.layers.gsa", "GatedLinearAttention": "t2r.layers.gla",
     "RetentionAttention": "t2r.layers.retnet", "ForgettingAttention": "t2r.layers.fox",
+    "GatedDeltaAttention": "t2r.layers.gated_delta",
     "RecurrentStateLayer": "t2r.layers.state", "GatedKVLayer": "t2r.layers.state",
 }
 
@@ -29,6 +38,7 @@ def build_mixer(target: str, attention, config, layer_idx: int, options: MixerOp
 
 
 __all__ = [
-    *_LAZY, "MixerOptions", "GSAOptions", "GLAOptions", "RetNetOptions", "FoXOptions", "FEATURE_MAPS",
+    *_LAZY, "MixerOptions", "GSAOptions", "GLAOptions", "RetNetOptions", "FoXOptions", "GatedDeltaOptions",
+    "FEATURE_MAPS",
     "MIXERS", "MixerSpec", "get_mixer", "register_mixer", "unregister_mixer", "resolve_options", "build_mixer",
 ]

@@ -139,8 +139,13 @@ class ConvertedAttention(nn.Module):
         else:
             o = self.read_out(self.mix(hidden_states, q, k, v, attention_mask=attention_mask,
                                        past_key_values=past_key_values, cu_seqlens=kwargs.get("cu_seq_lens_q")))
-        o = o.reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
+        o = self.gate_output(o, hidden_states).reshape(*hidden_states.shape[:-1], -1).to(hidden_states.dtype)
         return self.o_proj(o), None
+
+    def gate_output(self, o: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The per-head output `[B, T, HQ, V]` as the output projection reads it, gated by the current tokens'
+        hidden states (window included) in mixers with an output gate; the identity here."""
+        return o
 
     def mix(self, hidden_states, q, k, v, attention_mask, past_key_values, cu_seqlens) -> torch.Tensor:
         raise NotImplementedError
@@ -200,10 +205,15 @@ class RecurrentMixer(ConvertedAttention):
         raise NotImplementedError
 
     @classmethod
+    def number_of_states(cls, options: MixerOptions) -> int:
+        """How many tensors `recur` returns as its state (a tuple when more than one)."""
+        return cls.num_states
+
+    @classmethod
     def cache_layer(cls, options: MixerOptions):
         if getattr(options, "window", 0):
-            return WindowedStateLayer(cls.num_states, options.window, options.sinks)
-        return RecurrentStateLayer(number_of_states=cls.num_states)
+            return WindowedStateLayer(cls.number_of_states(options), options.window, options.sinks)
+        return RecurrentStateLayer(number_of_states=cls.number_of_states(options))
 
     @classmethod
     def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):

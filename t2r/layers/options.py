@@ -135,3 +135,23 @@ class FoXOptions(MixerOptions):
         if not self.rope:
             return None
         return "its forget gates start open, so it writes like the source model until finetuning teaches them to forget"
+
+
+@dataclass
+class GatedDeltaOptions(RecurrentOptions):
+    """Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024): q and k L2-normalised per head (always), a per-head write
+    strength beta and decay, a short convolution on q/k/v starting as the identity, and the per-head output
+    norm (without it the read-out is far from the source's scale: KL at conversion in
+    `benchmarks/results/conversion_distance_gdn.md`). No output gate by default: it starts as the identity, so
+    conversion cannot tell it apart, and it adds a rank-16 projection per layer."""
+
+    output_norm: bool = True
+    conv_size: int = option(4, "gdn: kernel of the causal depthwise convolution on q, k, v, starting as the "
+                               "identity (0: none)")
+    output_gate: bool = option(False, "gdn: multiply the read-out by 2 sigmoid(low-rank W x), starting at 1")
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size == 1 or \
+                self.conv_size < 0:
+            raise ValueError(f"conv_size must be 0 (no convolution) or an integer >= 2, got {self.conv_size!r}")

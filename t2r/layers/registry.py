@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, fields
 
-from t2r.layers.options import FoXOptions, GLAOptions, GSAOptions, MixerOptions, RetNetOptions
+from t2r.layers.options import FoXOptions, GatedDeltaOptions, GLAOptions, GSAOptions, MixerOptions, RetNetOptions
 
 
 @dataclass(frozen=True)
@@ -132,3 +132,7 @@ register_mixer(MixerSpec(
 register_mixer(MixerSpec(
     "fox", FoXOptions, "t2r.layers.fox:ForgettingAttention", constant_memory=False,
     summary="forgetting attention: softmax with a forget gate, keeps K/V (Lin et al. 2025)", teacher_init=True))
+register_mixer(MixerSpec(
+    "gdn", GatedDeltaOptions, "t2r.layers.gated_delta:GatedDeltaAttention", constant_memory=True,
+    summary="gated delta rule: L2-normalised keys overwrite the state (Gated DeltaNet, Yang, Kautz & Hatamizadeh 2024)",
+    teacher_init=True))

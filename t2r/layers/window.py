@@ -97,7 +97,8 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
     hidden_in = stream["hidden"][:, source]
     k_in, v_in = stream["k"][:, source] * enters.to(k.dtype), stream["v"][:, source] * enters.to(v.dtype)
     state = layer.get_state() if layer is not None else None
-    read, new_state = mixer.recur(hidden_in, q, k_in, v_in, state, output_final_state=layer is not None,
+    q_in = q * real[..., None, None].to(q.dtype)  # a padded query reads nothing (nor reaches others by a convolution)
+    read, new_state = mixer.recur(hidden_in, q_in, k_in, v_in, state, output_final_state=layer is not None,
                                   cu_seqlens=cu_seqlens)
     if layer is not None:
         layer.set_state(new_state, length)

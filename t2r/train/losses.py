@@ -1,11 +1,19 @@
 """A stage's loss: a weighted sum of the next-token loss, T^2 KL(teacher || student) on temperature-softened
 distributions (Hinton et al. 2015) and the attention MSE of each converted layer against its source layer
-(`t2r.train.transfer.AttentionTargets`)."""
+(`t2r.train.transfer.AttentionTargets`).
+
+With `fused` (the default, `train.fused_kl`), a stage with a KL part never holds either model's logits for a
+whole micro-batch: both output heads hand back their input (the final hidden states) and `t2r.train.kl`
+computes the KL, and the next-token loss beside it, chunk by chunk over tokens."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+
+from .kl import chunked_distill_losses, shift_labels
 
 
 def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -16,15 +24,47 @@ def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempe
     return F.kl_div(student, target, log_target=True, reduction="batchmean")
 
 
-def stage_loss(model, teacher, targets, stage, autocast):
+@contextlib.contextmanager
+def hidden_states_as_logits(model):
+    """Inside, `model(...).logits` are the final hidden states its output head reads (the head hands back its
+    input); yields the head's weight. `model` may be wrapped (DDP's `module`, peft)."""
+    while hasattr(model, "module"):
+        model = model.module
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda module, args, output: args[0])
+    try:
+        yield head.weight
+    finally:
+        handle.remove()
+
+
+def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
     """batch -> (sum of weight x part, {part: value}) for `stage`; the kl part is T^2 KL(teacher || student),
-    the attention_mse part `targets.mse()` after the teacher's forward filled its hooks."""
+    the attention_mse part `targets.mse()` after the teacher's forward filled its hooks. With `fused`, the kl
+    part (and the next-token part beside it) come from `t2r.train.kl`, chunk by chunk."""
     weights = {name: w for name, w in stage.loss.items() if w}
     t = stage.temperature
+
+    def fused_parts(batch: dict) -> dict:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with torch.no_grad(), hidden_states_as_logits(teacher) as teacher_weight:
+            teacher_hidden = teacher(**inputs).logits
+        with hidden_states_as_logits(model) as student_weight:
+            hidden = model(**inputs).logits
+        labels = shift_labels(batch["labels"]) if "next_token" in weights else None
+        kl, next_token = chunked_distill_losses(hidden, student_weight, teacher_hidden, teacher_weight,
+                                                temperature=t, labels=labels)
+        return {"next_token": next_token, "kl": kl} if next_token is not None else {"kl": kl}
 
     def loss(batch: dict):
         parts = {}
         with autocast():
+            if fused and "kl" in weights:
+                parts.update(fused_parts(batch))
+                if targets is not None:  # the teacher's forward above filled the hooks
+                    parts["attention_mse"] = targets.mse()
+                total = sum(weights[name] * value for name, value in parts.items())
+                return total, {name: value.detach().float().item() for name, value in parts.items()}
             if "kl" in weights or targets is not None:
                 with torch.no_grad():
                     target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits

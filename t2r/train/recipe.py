@@ -100,6 +100,10 @@ class TrainSection:
     gradient_checkpointing: bool = False
     trainable: str = "all"
     max_nonfinite_steps: int = 10  # skip steps with a nan/inf loss or gradient norm; stop after this many in a row
+    fused_kl: bool = True
+    """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
+    (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
+    FSDP (the head's weight is sharded there) or with soft-capped logits, where the plain loss runs."""
     RULES: ClassVar[dict] = {
         "tokens_per_step": {"min": 1}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
         "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},

@@ -146,6 +146,15 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None):
     return model, tokenizer, state, metrics, history
 
 
+def _fusable(accelerator, model) -> bool:
+    """Whether the fused KL can read the output head's weight: not sharded (FSDP), no logit soft-capping."""
+    from accelerate.utils import DistributedType
+
+    config = getattr(model, "config", None)
+    return (accelerator.distributed_type != DistributedType.FSDP
+            and not getattr(config, "final_logit_softcapping", None))
+
+
 def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, optimizer, state, history, callbacks,
                clock):
     """Stage `where` = (index, stage, steps, global step before it) from its step `state["stage_step"]`."""
@@ -173,8 +182,9 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
                     min_lr_ratio=stage.min_lr_ratio)
     # attention MSE alone never runs the wrapped model's forward, so data-parallel gradients are averaged by hand
     manual_sync = world > 1 and not (stage.loss.get("next_token") or stage.loss.get("kl"))
-    run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast), optimizer, params, stage.lr,
-                lr_at, batches, first=first, stage=stage.name if named else None,
+    fused = recipe.train.fused_kl and _fusable(accelerator, unwrapped)
+    run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast, fused), optimizer, params,
+                stage.lr, lr_at, batches, first=first, stage=stage.name if named else None,
                 lr_field=f"stages.{stage.name}.lr" if named else "train.lr",
                 manual_grad_sync=manual_sync, clock=clock)
     try:

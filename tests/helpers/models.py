@@ -105,6 +105,25 @@ def save_tiny_source(path, tokenizer: str = "chars"):
     return path
 
 
+WINDOW = dict(window=5, sinks=2)
+
+
+def windowed(arch, target, seed=7, **kw):
+    """A converted tiny model with window + sinks (`WINDOW`, overridden by `kw`) whose new parameters (gates and the
+    window gain, which starts at 0 and would hide the state) are drawn at random."""
+    import t2r
+    from t2r.train.model_setup import new_module_names
+
+    model = t2r.convert(tiny_source(arch), target, **small(target), **{**WINDOW, **kw})
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in new_module_names(model):
+            for layer in model.converted_layers().values():
+                for p in getattr(layer, name).parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model
+
+
 def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     """Token ids for the tiny models: 3 ... 96 (0-2 are pad, bos and eos)."""
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))

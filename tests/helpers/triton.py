@@ -4,6 +4,7 @@ Without a GPU, tests/conftest.py sets TRITON_INTERPRET=1 before anything imports
 kernel modules import normally and run in Triton's CPU interpreter (small shapes, fp32/fp16;
 the interpreter computes bf16 dots wrongly, so bf16 and real sizes run on the GPU).
 """
+import contextlib
 import os
 
 import pytest
@@ -21,3 +22,66 @@ def require_triton():
     if not CUDA and not INTERPRET:
         pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
     return triton
+
+
+class OutOfBounds(AssertionError):
+    """A kernel run by the interpreter touched memory outside every tensor it was given."""
+
+
+@contextlib.contextmanager
+def checked_memory():
+    """Inside, each load and store of a kernel run by Triton's interpreter must fall inside one tensor passed
+    to that launch (the tensor's own view, not its whole storage; all lanes of one access inside the same
+    tensor); else OutOfBounds names the kernel, the access and the first bad address. The interpreter itself
+    never faults on such accesses (it reads host memory), so this stands for the GPU's illegal-address error
+    on CPU. Masked-off lanes, and a block pointer's lanes outside its boundary_check, are not accesses."""
+    if not INTERPRET:
+        yield
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    launch = {}   # the running launch: kernel name, [start, end) byte ranges of its tensors sorted by start
+    init_args = interpreter.GridExecutor._init_args_hst
+    load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
+
+    def extent(t):
+        span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+    def init_args_checked(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        ranges = sorted(extent(a) for a in list(args_hst) + list(kwargs_hst.values())
+                        if isinstance(a, torch.Tensor) and a.numel() > 0)
+        launch.update(name=self.fn.__name__, lo=np.array([r[0] for r in ranges], dtype=np.uint64),
+                      hi=np.array([r[1] for r in ranges], dtype=np.uint64))
+        return args_hst, kwargs_hst
+
+    def check(ptrs, mask, what):
+        addr = np.broadcast_to(ptrs.data, np.shape(mask.data))[np.asarray(mask.data, dtype=bool)].ravel()
+        if addr.size == 0 or "lo" not in launch:
+            return
+        size = np.uint64(ptrs.get_element_ty().primitive_bitwidth // 8)
+        i = np.searchsorted(launch["lo"], addr, side="right").astype(np.int64) - 1   # the tensor starting last
+        bad = (i < 0) | (addr + size > launch["hi"][np.maximum(i, 0)]) | (i != i[0])
+        if bad.any():
+            raise OutOfBounds(f"{launch['name']}: {what} of {int(bad.sum())} of {addr.size} elements outside the "
+                              f"tensor its first element lies in, first at address {int(addr[bad][0]):#x}")
+
+    def load_checked(self, ptrs, mask, other, *rest):
+        check(ptrs, mask, "load")
+        return load(self, ptrs, mask, other, *rest)
+
+    def store_checked(self, ptrs, value, mask, *rest):
+        check(ptrs, mask, "store")
+        return store(self, ptrs, value, mask, *rest)
+
+    interpreter.GridExecutor._init_args_hst = init_args_checked
+    interpreter.InterpreterBuilder.create_masked_load = load_checked
+    interpreter.InterpreterBuilder.create_masked_store = store_checked
+    try:
+        yield
+    finally:
+        interpreter.GridExecutor._init_args_hst = init_args
+        interpreter.InterpreterBuilder.create_masked_load = load
+        interpreter.InterpreterBuilder.create_masked_store = store

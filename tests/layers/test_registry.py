@@ -118,8 +118,9 @@ def test_a_registered_mixer_with_learned_decays_takes_init_teacher_everywhere(de
                                decay_for_lookback(torch.tensor([4.0, 10.0])).float())
     assert make_recipe("convert.target=decay", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
     convert_help = build_parser()._subparsers._group_actions[0].choices["convert"].format_help()
-    assert "(gla, fox, decay)" in " ".join(convert_help.split())  # --init teacher's targets
-    with pytest.raises(ValueError, match=r"retnet has no learned forget-gate decay .*\(supported: gla, fox, decay\)"):
+    assert "(gla, fox, gdn, decay)" in " ".join(convert_help.split())  # --init teacher's targets
+    no_decay = r"retnet has no learned forget-gate decay .*\(supported: gla, fox, gdn, decay\)"
+    with pytest.raises(ValueError, match=no_decay):
         t2r.convert(tiny_source("llama"), "retnet", lookback=lookback)
 
 

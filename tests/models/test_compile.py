@@ -14,6 +14,7 @@ from tests.helpers.models import tiny_source
 pytest.importorskip("triton")
 from t2r.ops.common import triton_chunk as gla_kernels  # noqa: E402
 from t2r.ops.fox import triton_parallel as fox_kernels  # noqa: E402
+from t2r.ops.gated_delta import triton_chunk as gated_delta_kernels  # noqa: E402
 from t2r.ops.gsa import triton_chunk as gsa_kernels  # noqa: E402
 
 
@@ -26,11 +27,11 @@ def loss_and_grads(model, ids, positions=None):
 
 # each target's kernel module and the host function its custom ops call once per layer forward and once in backward
 CUSTOM_OPS = {"gla": (gla_kernels, "_states"), "retnet": (gla_kernels, "_states"), "gsa": (gsa_kernels, "_states"),
-              "fox": (fox_kernels, "_prep_c")}
+              "fox": (fox_kernels, "_prep_c"), "gdn": (gated_delta_kernels, "_states")}
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "fox"])
+@pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "fox", "gdn"])
 def test_compiled_layers_match_eager(target, packed, monkeypatch):
     monkeypatch.setenv("T2R_OPS_BACKEND", "triton")
     torch._dynamo.reset()

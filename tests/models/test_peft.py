@@ -6,7 +6,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 import t2r
 from tests.helpers.models import small, tiny_source
 
-GATES = {"gsa": ["slot_gate"], "gla": ["gate"], "retnet": [], "fox": ["forget_gate"]}
+GATES = {"gsa": ["slot_gate"], "gla": ["gate"], "retnet": [], "fox": ["forget_gate"], "gdn": ["gates", "conv"]}
 
 
 def lora(model, target):

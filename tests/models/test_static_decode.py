@@ -42,7 +42,8 @@ def prompts():
     return a, batch, mask
 
 
-@pytest.mark.parametrize("target,options", [("gsa", {}), ("gla", {}), ("retnet", {}), ("gla", {"rope": True})])
+@pytest.mark.parametrize("target,options", [("gsa", {}), ("gla", {}), ("retnet", {}), ("gla", {"rope": True}),
+                                            ("gdn", {}), ("gdn", {"conv_size": 0, "output_gate": True})])
 @pytest.mark.parametrize("padded", [False, True], ids=["batch1", "batch2-left-padded"])
 def test_greedy_tokens_and_logits_equal_generate(target, options, padded):
     model = converted(target, **options)
@@ -119,7 +120,7 @@ def test_unconverted_model_is_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # PyTorch ops / Triton kernels
-@pytest.mark.parametrize("target", ["gsa", "gla", "retnet"])
+@pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "gdn"])
 def test_cuda_graph_replay_equals_the_eager_static_step(target, dtype):
     model = converted(target).to("cuda", dtype)
     _, batch, mask = prompts()

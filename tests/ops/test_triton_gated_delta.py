@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers.triton import DEV, INTERPRET, require_triton
+from tests.helpers.triton import DEV, INTERPRET, checked_memory, require_triton
 
 require_triton()
 
@@ -46,18 +46,30 @@ def make(B, T, HQ, H, K, V, kind="moderate", seed=0, h0=True, beta_max=1.0, N=No
     )
 
 
+def guarded(t):
+    """t's values in a view into a NaN-filled buffer, NaN before and after it: a kernel that reads past the
+    tensor poisons its results (on the GPU too, where no address check runs)."""
+    pad = max(4096, t.numel())
+    buf = torch.full((2 * pad + t.numel(),), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[pad:pad + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
 def run(fn, d, dtype, cu_seqlens=None):
-    """Forward + backward through output and final state; fp32 results by name."""
+    """Forward + backward through output and final state; fp32 results by name. The inputs and the output
+    gradients are guarded by NaN, and under the interpreter every kernel access is address-checked
+    (checked_memory)."""
     names = list(NAMES) + (["h0"] if d["h0"] is not None else [])
     leaves = {}
     for n in names:
         t = d[n].to(DEV)
         t = t.to(dtype) if n in ("q", "k", "v") else t.float()
-        leaves[n] = t.detach().requires_grad_(True)
+        leaves[n] = guarded(t).requires_grad_(True)
     extra = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens.to(DEV)}
-    o, ht = fn(*(leaves[n] for n in NAMES), initial_state=leaves.get("h0"), output_final_state=True, **extra)
-    loss = (o.float() * d["do"].to(DEV)).sum() + (ht * d["dht"].to(DEV)).sum()
-    loss.backward()
+    with checked_memory():
+        o, ht = fn(*(leaves[n] for n in NAMES), initial_state=leaves.get("h0"), output_final_state=True, **extra)
+        torch.autograd.backward([o, ht], [guarded(d["do"].to(DEV).to(o.dtype)), guarded(d["dht"].to(DEV))])
     out = {"o": o.float(), "ht": ht}
     out.update({"d" + n: t.grad.float() for n, t in leaves.items()})
     return out
@@ -94,6 +106,14 @@ if not INTERPRET:
 @pytest.mark.parametrize("kind", ["mild", "moderate", "strong"])
 def test_chunk_fp32(shape, kind):
     d = make(*shape, kind=kind)
+    check(run(chunk, d, torch.float32), run(naive, d, torch.float32), TOL32)
+
+
+@pytest.mark.parametrize("T, K, V", [(1, 16, 48), (37, 48, 16), (64, 16, 48), (65, 48, 32)])
+def test_chunk_partial_tiles(T, K, V):
+    """Shorter than, exactly and one step past a chunk, with K and V below or across their tile sizes
+    (BK = 64 for K = 48; BV = 32 for V = 48 in fp32): no access outside the tensors, results equal naive."""
+    d = make(2, T, 4, 2, K, V)
     check(run(chunk, d, torch.float32), run(naive, d, torch.float32), TOL32)
 
 
@@ -138,7 +158,7 @@ def test_state_chaining():
     assert rel(h2, ht) < TOL32
 
 
-@pytest.mark.parametrize("lens", [[30, 70, 1, 64], [129]])
+@pytest.mark.parametrize("lens", [[30, 70, 1, 64], [129], [3, 1, 65]])
 def test_varlen_equals_separate_runs(lens):
     """Packed sequences (cu_seqlens) equal separate runs: outputs, final states and every gradient."""
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
@@ -159,14 +179,16 @@ def test_varlen_equals_separate_runs(lens):
 def test_recurrent_step(T, dims):
     HQ, H, K, V = dims
     d = make(5, T, HQ, H, K, V)
-    dev = {n: d[n].to(DEV) for n in NAMES + ("h0",)}
-    o, ht = recurrent(*(dev[n] for n in NAMES), initial_state=dev["h0"], output_final_state=True)
+    dev = {n: guarded(d[n].to(DEV)) for n in NAMES + ("h0",)}
+    with checked_memory():
+        o, ht = recurrent(*(dev[n] for n in NAMES), initial_state=dev["h0"], output_final_state=True)
     o2, ht2 = naive(*(dev[n] for n in NAMES), initial_state=dev["h0"], output_final_state=True)
     assert rel(o, o2) < 1e-5 and rel(ht, ht2) < 1e-5
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=DEV)   # packed sequences: same as separate runs
-    pack = lambda t: t[:2].reshape(1, 2 * T, *t.shape[2:])  # noqa: E731
-    o3, ht3 = recurrent(*(pack(dev[n]) for n in NAMES), initial_state=dev["h0"][:2], output_final_state=True,
-                        cu_seqlens=cu)
+    pack = lambda t: guarded(t[:2].reshape(1, 2 * T, *t.shape[2:]))  # noqa: E731
+    with checked_memory():
+        o3, ht3 = recurrent(*(pack(dev[n]) for n in NAMES), initial_state=guarded(dev["h0"][:2]),
+                            output_final_state=True, cu_seqlens=cu)
     assert rel(o3, pack(o2)) < 1e-5 and rel(ht3, ht2[:2]) < 1e-5
 
 

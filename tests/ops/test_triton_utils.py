@@ -1,10 +1,13 @@
-"""The shared reverse cumulative sum of the gate gradients (t2r/ops/triton_utils.py) vs torch."""
+"""The shared reverse cumulative sum of the gate gradients (t2r/ops/triton_utils.py) vs torch; the
+interpreter's address check of the kernel tests (tests.helpers.triton.checked_memory)."""
 import pytest
 import torch
 
-from tests.helpers.triton import DEV, require_triton
+from tests.helpers.triton import DEV, INTERPRET, OutOfBounds, checked_memory, require_triton
 
-require_triton()
+triton = require_triton()
+
+import triton.language as tl  # noqa: E402
 
 from t2r.ops.triton_utils import reverse_cumsum  # noqa: E402
 
@@ -51,3 +54,20 @@ def test_reverse_cumsum_packed(segment):
 def test_reverse_cumsum_rejects_bad_segment():
     with pytest.raises(AssertionError, match="multiple of 64"):
         reverse_cumsum(torch.zeros(1, 8, 1, 4, device=DEV), torch.float32, segment=100)
+
+
+@triton.jit
+def _copy_kernel(x, y, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n), mask=o < n)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the address check runs in the interpreter")
+def test_checked_memory_flags_an_access_past_a_tensor():
+    """The check the kernel tests rely on: a load one element past its tensor raises (before the store)."""
+    x, y = torch.randn(10), torch.empty(10)
+    with checked_memory():
+        _copy_kernel[(1,)](x, y, 10, BLOCK=16)
+        assert torch.equal(x, y)
+        with pytest.raises(Exception, match=f"{OutOfBounds.__name__}.*_copy_kernel: load of 1 of 11 elements"):
+            _copy_kernel[(1,)](x, y, 11, BLOCK=16)

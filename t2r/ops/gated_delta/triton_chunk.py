@@ -2,7 +2,8 @@
 
 Algorithm: the chunkwise WY form of `chunk.py` (DeltaNet's parallel algorithm, arXiv 2406.06484, with
 Gated DeltaNet's decay, arXiv 2412.06464). Kernels, one launch each:
-  fwd:  _wy_fwd_kernel   (triton_wy.py)   per chunk: gate cumsum b, X = (I + A)^-1, W, U'
+  fwd:  _wy_inverse_kernel (triton_solve.py) per chunk: gate cumsum b, X = (I + A)^-1 (16-step blocks)
+        _wy_fwd_kernel   (triton_wy.py)   per chunk: W, U'
         _fwd_h_kernel    (triton_scan.py) per sequence: states entering every chunk, new values U, final state
         _fwd_o_kernel    (triton_intra.py) per chunk and query head: outputs
   bwd:  _bwd_dh_kernel   (triton_scan.py) reverse per sequence: dU, gradients of the states leaving every chunk
@@ -14,7 +15,13 @@ dk) loop over its query heads; nothing is repeated in memory. States are fp32 in
 states kept for the backward are stored in k's dtype (as the GLA kernels do), the final state in fp32.
 Head dims up to K = 128 (one K tile); V is tiled.
 
-Launch configs are pinned (no autotuning: the first call compiles each kernel once). Triton 3.6 on Hopper
+Compile time: launch configs are pinned (no autotuning: the first call compiles each kernel once); no kernel
+is specialised on the length T (do_not_specialize), which Triton would otherwise compile apart for
+T % 16 == 0 and make a compile-time constant when T == 1 (a binary with the scan loops folded away: T = 1 was
+the one GPU test shape that faulted; now it runs the binary T = 37 runs); the loops over a GQA group are
+runtime loops, not unrolled, and the WY inverse works on 16-step blocks (the 64x64 block doubling it replaces
+took 222 of the 260 s an offline sm_90 compile of the kernels at K = V = 128, G = 4 took on a loaded 2-core
+CPU). Triton 3.6 on Hopper
 miscompiles tl.trans of an accumulator fed to a dot (fla #640): no kernel here uses tl.trans; transposed
 operands are loaded through transposed block pointers.
 """
@@ -26,6 +33,7 @@ import triton
 from ..triton_utils import next_pow2, prepare_chunks
 from .triton_intra import _bwd_dqk_kernel, _fwd_o_kernel
 from .triton_scan import _bwd_dh_kernel, _fwd_h_kernel
+from .triton_solve import _wy_inverse_kernel
 from .triton_wy import _wy_bwd_kernel, _wy_fwd_kernel
 
 __all__ = ["chunk_gated_delta_rule_triton", "CONFIGS", "MAX_HEAD_DIM_K"]
@@ -34,6 +42,7 @@ BT = 64
 MAX_HEAD_DIM_K = 128
 # kernel -> (num_warps, num_stages); the GPU tests gradient-check what is shipped here.
 CONFIGS = {
+    "wy_inverse": (4, 1),
     "wy_fwd": (4, 1),
     "fwd_h": (4, 2),
     "fwd_o": (4, 2),
@@ -68,9 +77,12 @@ def _states(k, v, g, beta, h0, cu_seqlens, chunks):
     ainv = torch.empty(B, T, H, BT, dtype=torch.float32, device=k.device)
     w = torch.empty_like(k)
     u_part = torch.empty_like(v)
+    _wy_inverse_kernel[(NTg, B * H)](
+        k, g, beta, bcum, ainv, cu_seqlens, chunk_indices, T,
+        H=H, K=K, BT=BT, BK=BK, IS_VARLEN=varlen, **_cfg("wy_inverse"))
     _wy_fwd_kernel[(NTg, B * H)](
-        k, v, g, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, LOG2_BT=BT.bit_length() - 1, IS_VARLEN=varlen, **_cfg("wy_fwd"))
+        k, v, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, **_cfg("wy_fwd"))
     h = torch.empty(NT, H, K, V, dtype=k.dtype, device=k.device)
     u = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device)

@@ -16,7 +16,7 @@ from ..triton_utils import chunk_bounds
 from .triton_wy import _decay, _last_row, _rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _fwd_o_kernel(
     q, k, u, bcum, h, o, cu_seqlens, chunk_indices, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -44,7 +44,7 @@ def _fwd_o_kernel(
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _bwd_dqk_kernel(
     q, k, u, bcum, h, do, dh, dgram, dk_part, db_part, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -91,7 +91,7 @@ def _bwd_dqk_kernel(
 
     b_e = _decay(b_b, T - i_t * BT, False, False, BT) * scale
     b_et = _decay(b_b, T - i_t * BT, False, True, BT) * scale
-    for i_g in tl.static_range(G):
+    for i_g in range(G):
         i_hq = i_h * G + i_g
         p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, 0), (BT, BK), (1, 0))
         b_q = tl.load(p_q, boundary_check=(0, 1))

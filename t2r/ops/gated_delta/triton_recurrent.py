@@ -19,7 +19,7 @@ from ..triton_utils import next_pow2
 __all__ = ["fused_recurrent_gated_delta_rule_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _recurrent_fwd_kernel(
     q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

@@ -14,7 +14,7 @@ from ..triton_utils import seq_bounds
 from .triton_wy import _decay, _last_row, _rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _fwd_h_kernel(
     k, w, u_part, bcum, h, u, h0, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -49,7 +49,7 @@ def _fwd_h_kernel(
     tl.store(p_ht, b_h, boundary_check=(0, 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _bwd_dh_kernel(
     q, k, w, bcum, do, dh, du, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
     HQ: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -78,7 +78,7 @@ def _bwd_dh_kernel(
         b_du = tl.dot(b_kd, b_dh.to(b_k.dtype))
         b_dq_state = tl.zeros([BK, BV], dtype=tl.float32)
         b_decay_t = _decay(b_b, T - i_t * BT, False, True, BT) * scale   # [j, i]: scale exp(b_i - b_j), i >= j
-        for i_g in tl.static_range(G):
+        for i_g in range(G):
             i_hq = i_h * G + i_g
             p_qt = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (K, T), (1, HQ * K), (0, i_t * BT), (BK, BT), (0, 1))
             p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV), (BT, BV),

@@ -1,5 +1,6 @@
 """Triton WY kernels of the gated delta rule (see triton_chunk.py): per chunk and kv head, fully parallel
-over chunks. Forward: the gate cumsum b, X = (I + A)^-1, W = X diag(beta gamma) K, U' = X diag(beta) V.
+over chunks. Forward: W = X diag(beta gamma) K, U' = X diag(beta) V from the gate cumsum b and
+X = (I + A)^-1 of triton_solve.py.
 Backward: dv, dbeta and the parts of dk and of the gate gradient that flow through W and U'.
 
 No transposed tile is ever made with tl.trans: every transposed operand is loaded transposed from memory
@@ -41,40 +42,20 @@ def _decay(b_b, n_valid, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.
     return tl.exp(tl.where(keep, b_b[:, None] - b_b[None, :], float("-inf")))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _wy_fwd_kernel(
-    k, v, g, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
+    k, v, beta, bcum, ainv, w, u_part, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    LOG2_BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
+    # W = X diag(beta gamma) K and U' = X diag(beta) V, with b and X = (I + A)^-1 from _wy_inverse_kernel
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T, i_c = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    o_i = tl.arange(0, BT)
-    o_t = i_t * BT + o_i
-    b_b = tl.cumsum(_rows(g, bos, i_h, i_t, T, H, BT), axis=0)
-    tl.store(bcum + (bos + o_t) * H + i_h, b_b, mask=o_t < T)
+    i_t, bos, T, _ = chunk_bounds(i_tc, i_b, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    b_b = _rows(bcum, bos, i_h, i_t, T, H, BT)
     b_beta = _rows(beta, bos, i_h, i_t, T, H, BT)
-
-    # A_ij = beta_i (k_i . k_j) exp(b_i - b_j), j < i
-    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, T), (1, H * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
-        b_kk += tl.dot(tl.load(p_k, boundary_check=(0, 1)), tl.load(p_kt, boundary_check=(0, 1)))
-    b_a = b_beta[:, None] * b_kk * _decay(b_b, T - i_t * BT, True, False, BT)
-
-    # X = (I + A)^-1 by block doubling: X is the inverse of the diagonal m x m blocks; the off-diagonal
-    # block C of each 2m-block [[L1, 0], [C, L2]] gets -X2 C X1, i.e. X <- X - X (A on those blocks) X.
-    b_x = tl.where(o_i[:, None] == o_i[None, :], 1., 0.)
-    for s in tl.static_range(LOG2_BT):
-        m = 1 << s
-        same = (o_i[:, None] // (2 * m)) == (o_i[None, :] // (2 * m))
-        lower_half = ((o_i[:, None] // m) % 2 == 1) & ((o_i[None, :] // m) % 2 == 0)
-        b_c = tl.where(same & lower_half, b_a, 0.)
-        b_x -= tl.dot(tl.dot(b_x, b_c, input_precision="ieee"), b_x, input_precision="ieee")
     p_x = tl.make_block_ptr(ainv + (bos * H + i_h) * BT, (T, BT), (H * BT, 1), (i_t * BT, 0), (BT, BT), (1, 0))
-    tl.store(p_x, b_x, boundary_check=(0, 1))
+    b_x = tl.load(p_x, boundary_check=(0, 1))
 
     b_kscale = b_beta * tl.exp(b_b)
     for i_k in range(tl.cdiv(K, BK)):
@@ -90,7 +71,7 @@ def _wy_fwd_kernel(
         tl.store(p_u, tl.dot(b_x, b_v).to(p_u.dtype.element_ty), boundary_check=(0, 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _wy_bwd_kernel(
     k, v, beta, bcum, ainv, h, du, dv, dk_part, dbeta, db_part, dgram, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
