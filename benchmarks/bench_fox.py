@@ -206,7 +206,8 @@ def main():
         for iname, f, a, d in impls:
             try:
                 fwd, fb, first = time_pair(f, a, d)
-                row = f"| {name} | {iname} | {fwd:.3f} | {fb:.3f} | {fl / fwd / 1e9:.0f} | {3.5 * fl / fb / 1e9:.0f} | {first:.1f} |"
+                row = (f"| {name} | {iname} | {fwd:.3f} | {fb:.3f} | {fl / fwd / 1e9:.0f} | {3.5 * fl / fb / 1e9:.0f} "
+                       f"| {first:.1f} |")
             except Exception as e:  # noqa: BLE001
                 row = f"| {name} | {iname} | failed: {type(e).__name__}: {str(e)[:60]} | | | | |"
             lines.append(row)

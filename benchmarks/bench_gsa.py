@@ -31,7 +31,8 @@ from t2r.ops.gsa.naive import naive_recurrent_gsa  # noqa: E402
 from t2r.ops.gsa.triton_recurrent import fused_recurrent_gsa_triton  # noqa: E402
 
 try:
-    from fla.ops.gsa import chunk_gsa as fla_chunk_gsa, fused_recurrent_gsa as fla_recurrent_gsa
+    from fla.ops.gsa import chunk_gsa as fla_chunk_gsa
+    from fla.ops.gsa import fused_recurrent_gsa as fla_recurrent_gsa
 except Exception as e:  # noqa: BLE001
     print(f"fla not importable ({type(e).__name__}: {e}); fla columns skipped")
     fla_chunk_gsa = fla_recurrent_gsa = None

@@ -30,11 +30,11 @@ import triton  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from t2r.ops.common import triton_chunk as tc  # noqa: E402
-from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
-from t2r.ops.gla.triton_recurrent import fused_recurrent_gla_triton  # noqa: E402
 from t2r.ops.fox.triton_parallel import parallel_forgetting_attention_triton  # noqa: E402
 from t2r.ops.gated_delta.triton_chunk import chunk_gated_delta_rule_triton  # noqa: E402
 from t2r.ops.gated_delta.triton_recurrent import fused_recurrent_gated_delta_rule_triton  # noqa: E402
+from t2r.ops.gla.triton_chunk import chunk_gla_triton  # noqa: E402
+from t2r.ops.gla.triton_recurrent import fused_recurrent_gla_triton  # noqa: E402
 from t2r.ops.gsa.triton_chunk import chunk_gsa_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_chunk import chunk_simple_gla_triton  # noqa: E402
 from t2r.ops.simple_gla.triton_recurrent import fused_recurrent_simple_gla_triton  # noqa: E402
@@ -189,7 +189,6 @@ def sdpa_fn(q, k, v):
 
 def row_set(B, T, HQ, H, D, with_fla=True):
     rows = []
-    G = HQ // H
     do = torch.randn(B, T, HQ, D, device=DEV, dtype=DT)
     # ours
     a = inputs(B, T, HQ, H, D, scalar=True)
@@ -232,23 +231,32 @@ def decode_rows(B=64, HQ=32, H=8, D=128):
     v = torch.randn(B, 1, H, D, device=DEV, dtype=DT)
     gv = (F.logsigmoid(torch.randn(B, 1, H, D, device=DEV)) / 16)
     gs = gv[..., 0].contiguous()
-    s0 = torch.randn(B, H, D, D, device=DEV)
-    fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True)
-    t = bench(lambda: fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True))
-    rows.append(("t2r recurrent gla step (fp32 state 32 MiB)", t))
-    t = bench(lambda: fused_recurrent_simple_gla_triton(q, k, v, gs, initial_state=s0, output_final_state=True))
-    rows.append(("t2r recurrent simple_gla step", t))
-    del s0
+    rows += recurrent_step_rows(q, k, v, gv, gs)
     rows += gated_delta_decode_rows(B, HQ, H, D)
     for L in (2048, 8192, 32768):
-        kc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
-        vc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
-        qt = q.transpose(1, 2)
-        t = bench(lambda: F.scaled_dot_product_attention(qt, kc, vc, enable_gqa=True))
-        rows.append((f"SDPA over KV cache {L // 1024}K ({2 * kc.numel() * 2 / 2**30:.1f} GiB)", t))
-        del kc, vc
+        rows.append(kv_cache_row(q, H, L))
         torch.cuda.empty_cache()
     return rows
+
+
+def recurrent_step_rows(q, k, v, gv, gs):
+    """One recurrent step of GLA and simple GLA from a random fp32 state (freed on return)."""
+    B, _, H, D = k.shape
+    s0 = torch.randn(B, H, D, D, device=DEV)
+    fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True)
+    t_gla = bench(lambda: fused_recurrent_gla_triton(q, k, v, gv, initial_state=s0, output_final_state=True))
+    t_simple = bench(lambda: fused_recurrent_simple_gla_triton(q, k, v, gs, initial_state=s0, output_final_state=True))
+    return [("t2r recurrent gla step (fp32 state 32 MiB)", t_gla), ("t2r recurrent simple_gla step", t_simple)]
+
+
+def kv_cache_row(q, H, L):
+    """One decode step of SDPA over a KV cache of L tokens (freed on return)."""
+    B, _, _, D = q.shape
+    kc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
+    vc = torch.randn(B, H, L, D, device=DEV, dtype=DT)
+    qt = q.transpose(1, 2)
+    t = bench(lambda: F.scaled_dot_product_attention(qt, kc, vc, enable_gqa=True))
+    return (f"SDPA over KV cache {L // 1024}K ({2 * kc.numel() * 2 / 2**30:.1f} GiB)", t)
 
 
 def scaling_table(tokens=131072, HQ=32, H=8, D=128):
@@ -351,10 +359,12 @@ def main():
         print(parts[-1], flush=True)
         args.quick, args.sweep = True, False
     else:
-        parts.append(fmt_table("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128", row_set(4, 4096, 32, 8, 128, with_fla)))
+        parts.append(fmt_table("Mistral-7B layer: B=4, T=4096, HQ=32, H=8, D=128",
+                               row_set(4, 4096, 32, 8, 128, with_fla)))
         print(parts[-1], flush=True)
     if not args.quick:
-        parts.append(fmt_table("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64", row_set(32, 2048, 9, 3, 64, with_fla)))
+        parts.append(fmt_table("SmolLM2-135M layer: B=32, T=2048, HQ=9, H=3, D=64",
+                               row_set(32, 2048, 9, 3, 64, with_fla)))
         print(parts[-1], flush=True)
         parts.append(scaling_table())
         print(parts[-1], flush=True)

@@ -103,8 +103,9 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / (
         f"train_{name.replace(' ', '_')}{'_compiled' if 'compiled' in args.modes else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
-    for label, build, mode in [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every)
-                               for mode in args.modes]:
+    runs = [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every)
+            for mode in args.modes]
+    for label, build, mode in runs:
         compiled = mode == "compiled"
         model, cells = build(), []
         if compiled and model is source:

@@ -1,9 +1,12 @@
 """GPU probe: simple-GLA scalar-gate kernels at the shapes that failed on H100 (H=1, small V),
 under a few dq/dk kernel configs, and the fallback through the GLA kernels."""
 import sys
+
 import torch
+
 sys.path.insert(0, "tests/ops")
 import test_triton_simple_gla as ts  # noqa: E402
+
 from t2r.ops.gla import triton_chunk as tc  # noqa: E402
 
 mod = sys.modules[ts.chunk_fn.__module__]

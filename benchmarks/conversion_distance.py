@@ -60,8 +60,8 @@ def main() -> None:
     rows = [("source", "", 0.0, nll(reference))]
     lookback = None
     if args.teacher_text:
-        from t2r.data.config import DataConfig
         from t2r.convert import teacher_lookback
+        from t2r.data.config import DataConfig
 
         lookback = teacher_lookback(source, tokenizer, DataConfig(path=args.teacher_text))
     for target, options in VARIANTS:

@@ -98,8 +98,9 @@ def main() -> None:
     for row in rows:
         base = next(r for r in rows if r["mode"] == row["mode"] and r["target"] == "source") \
             if any(r["target"] == "source" and r["mode"] == row["mode"] for r in rows) else row
-        print(f"| {row['target']} | {row['mode']} | {row['s_per_step']:.2f} | {row['s_per_step'] / base['s_per_step']:.2f} "
-              f"| {row['peak_gib']:.2f} | {row['peak_gib'] / base['peak_gib']:.2f} | {row['loaded_gib']:.2f} |")
+        print(f"| {row['target']} | {row['mode']} | {row['s_per_step']:.2f} "
+              f"| {row['s_per_step'] / base['s_per_step']:.2f} | {row['peak_gib']:.2f} "
+              f"| {row['peak_gib'] / base['peak_gib']:.2f} | {row['loaded_gib']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ A tiny Llama (30 layers, 16 tokens: the arithmetic is negligible, so a step's ti
 decoder layer as `bench_train.py --modes compiled` does, with its attention call (SDPA) plain, wrapped in
 `torch.compiler.disable` (a graph break, as t2r's Triton entry points are today), or registered as a
 `torch.library` custom op (opaque to inductor without a break; its backward recomputes the forward, as a
-custom op whose saved tensors are not declared would, in plain math); eager rows for reference. Each variant runs in its own process, several times; the
-table gives the median step (forward + backward, no optimizer) of each run.
+custom op whose saved tensors are not declared would, in plain math); eager rows for reference. Each variant runs
+in its own process, several times; the table gives the median step (forward + backward, no optimizer) of each run.
 
     python benchmarks/graph_break_cost.py            # 3 runs of each variant
     python benchmarks/graph_break_cost.py --runs 5
@@ -105,7 +105,8 @@ def main() -> None:
         results = [subprocess.run([sys.executable, __file__, "--child", variant], capture_output=True, text=True,
                                   check=True).stdout.split() for _ in range(args.runs)]
         ms = [float(r[0]) for r in results]
-        rows.append(f"| {variant} | {statistics.median(ms):.2f} | {', '.join(f'{m:.2f}' for m in ms)} | {results[0][1]} |")
+        runs = ", ".join(f"{m:.2f}" for m in ms)
+        rows.append(f"| {variant} | {statistics.median(ms):.2f} | {runs} | {results[0][1]} |")
         print(rows[-1], flush=True)
     print(f"\ntorch {torch.__version__}, 1 thread; 30 layers x 16 tokens, forward + backward\n")
     print("| variant | ms per step (median of runs) | runs | distinct graph breaks |\n|---|---|---|---|")

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from t2r.data.config import DataConfig
 from t2r.convert import calibration_rows, kl_to_reference, rank_layers
+from t2r.data.config import DataConfig
 from t2r.sources import load_source
 
 

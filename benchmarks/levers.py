@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from t2r.data.config import DataConfig
 from t2r.convert.lookback import attention_lookback
-from t2r.data.rows import token_rows
 from t2r.convert.sensitivity import kl_to_reference, rank_layers
-from t2r.sources import load_source
+from t2r.data.config import DataConfig
+from t2r.data.rows import token_rows
 from t2r.optim import build_optimizer
+from t2r.sources import load_source
 from t2r.train.transfer import AttentionTargets
 
 VARIANTS = {  # name: (target, convert options, softmax-layer choice)
@@ -105,7 +105,8 @@ def main() -> None:
              f"{args.batch} rows x {args.length} tokens = {args.align_steps * args.batch * args.length:,} tokens, "
              f"lr {args.lr}), {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}",
              "", "| variant | KL at conversion | KL aligned | ppl aligned by position "
-             + " / ".join(f"{lo}-{min(hi, args.length)}" for lo, hi in zip(EDGES, EDGES[1:]) if lo < args.length) + " | align s |",
+             + " / ".join(f"{lo}-{min(hi, args.length)}" for lo, hi in zip(EDGES, EDGES[1:]) if lo < args.length)
+             + " | align s |",
              "|---|---|---|---|---|"]
     source_ppl = bucket_ppl(nll_by_position(source, held_out, 4))
     lines.append(f"| source | 0 | 0 | {' / '.join(f'{p:.1f}' for p in source_ppl)} | |")

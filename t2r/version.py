@@ -7,7 +7,8 @@ __version__ = "0.1.0"
 
 def version() -> str:
     """The installed distribution's version (pip's metadata), else `__version__` (a source checkout)."""
-    from importlib.metadata import PackageNotFoundError, version as installed
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     try:
         return installed("t2r")

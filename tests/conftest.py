@@ -1,16 +1,21 @@
-"""Test session set-up: without a GPU, Triton kernels run in Triton's CPU interpreter.
+"""Test session set-up and the fixtures several test packages share.
 
-Triton reads TRITON_INTERPRET when it is first imported, so this must happen before any test module
-imports it (kernel tests then run at small shapes on fp32/fp16; bf16 is checked on the GPU).
+Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton reads TRITON_INTERPRET when it is first
+imported, so this must happen before any test module imports it (kernel tests then run at small shapes on
+fp32/fp16; bf16 is checked on the GPU). The helpers the fixtures call live in tests/helpers/.
 """
 
 import os
+import sys
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.helpers.models import ARCHS, TARGETS, save_tiny_source  # noqa: E402  (imports triton: after the above)
+from tests.helpers.recipes import write_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +38,47 @@ def _eval_scores_in_a_temporary_cache(tmp_path_factory):
     original, result_cache.default_root = result_cache.default_root, lambda: root
     yield root
     result_cache.default_root = original
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _datasets_cache_in_a_temporary_directory(tmp_path_factory):
+    """Keep `datasets`' Arrow cache (local files read as datasets) out of the user's home directory."""
+    path = str(tmp_path_factory.getbasetemp() / "hf_datasets")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DATASETS_CACHE", path)  # read when datasets is first imported
+        if "datasets" in sys.modules:  # imported already, by a test module
+            patch.setattr(sys.modules["datasets"].config, "HF_DATASETS_CACHE", path)
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny ops: intra-op threads only add contention (x100 per step on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request):
+    """Every registered source architecture."""
+    return request.param
+
+
+@pytest.fixture(params=TARGETS)
+def target(request):
+    """Every registered target."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory):
+    """A tiny random Llama with the character tokenizer, saved like a hub checkpoint."""
+    return save_tiny_source(tmp_path_factory.mktemp("source"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """60 short documents as JSON lines (`tests.helpers.recipes.write_corpus`)."""
+    return write_corpus(tmp_path_factory.mktemp("data") / "train.jsonl")

@@ -11,16 +11,18 @@ from t2r import paths
 @pytest.mark.parametrize("spec, local", [
     ("gpt2", False), ("owner/name", False), ("Qwen/Qwen2.5-0.5B", False), ("cerebras/SlimPajama-627B", False),
     ("runs/nope/final", True), ("./x", True), ("../x", True), ("/no/such/dir", True), ("~/nope", True),
-    ("x.jsonl", True), ("corpus.csv", True), ("shards.arrow", True), ("model.gguf", True), ("owner/w.safetensors", True),
-    ("data/*.jsonl", True), ("a b", True), ("a\\b", True), ("-x/y", True), ("models/nope", True),  # models/ exists
+    ("x.jsonl", True), ("corpus.csv", True), ("shards.arrow", True), ("model.gguf", True),
+    ("owner/w.safetensors", True), ("data/*.jsonl", True), ("a b", True), ("a\\b", True), ("-x/y", True),
+    ("models/nope", True),  # models/ exists
 ])
 def test_local_or_hub(tmp_path, monkeypatch, spec, local):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     assert paths.looks_local(spec) is local
     if local:
-        with pytest.raises(FileNotFoundError, match=rf"^not found: {re.escape(spec)} \((no such file or directory|no "
-                                                    r"files match the pattern)( in .*)?; a hub id has the form owner/name\)$"):
+        message = (rf"^not found: {re.escape(spec)} \((no such file or directory|no files match the pattern)"
+                   r"( in .*)?; a hub id has the form owner/name\)$")
+        with pytest.raises(FileNotFoundError, match=message):
             paths.is_local(spec)
     else:
         assert paths.is_local(spec) is False
@@ -75,7 +77,8 @@ def test_a_hub_id_that_fails_says_whether_the_machine_is_offline(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(paths, "_unreachable", lambda: "huggingface.co is unreachable from this machine")
     message = str(paths.hub_error("owner/name", OSError("no connection")))
-    assert "offline (huggingface.co is unreachable from this machine): connect the machine (or set HF_ENDPOINT" in message
+    assert ("offline (huggingface.co is unreachable from this machine): connect the machine (or set HF_ENDPOINT"
+            in message)
     assert "run with HF_HUB_OFFLINE=1 to use models already in the hub cache" in message
     monkeypatch.setattr(paths, "_unreachable", lambda: None)
     assert "the hub answers: check the id" in str(paths.hub_error("owner/name", OSError("404")))

@@ -13,7 +13,6 @@ from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.parser import mixer_registry
 from t2r.paths import check_model_spec, offline_if_unreachable
 
-
 CONVERSION_FILE = "t2r_conversion.json"
 """Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""
 
@@ -62,8 +61,8 @@ def run_convert(args) -> int:
 def run_rank_layers(args) -> int:
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
-    from t2r.data.config import DataConfig
     from t2r.convert import calibration_rows, rank_layers
+    from t2r.data.config import DataConfig
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))

@@ -35,7 +35,8 @@ def run_generate(args) -> int:
     )
     elapsed = time.perf_counter() - start
     new_tokens = output[:, inputs["input_ids"].shape[1]:]
-    for prompt, text in zip(args.prompt, tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)):
+    texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    for prompt, text in zip(args.prompt, texts):
         print(f"{prompt}{text}")
     print(f"[{new_tokens.numel()} tokens in {elapsed:.2f}s on {device}]", file=sys.stderr)
     return 0

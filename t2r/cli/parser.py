@@ -11,7 +11,6 @@ from t2r.cli.values import boolean
 from t2r.dtypes import DTYPE_NAMES
 from t2r.version import version
 
-
 DTYPES = ("auto", *DTYPE_NAMES)
 """--dtype names; `auto` keeps the checkpoint's dtype (float32 for a GGUF)."""
 

@@ -10,9 +10,9 @@ from t2r.cli.common import default_device
 
 
 def run_finetune(args) -> int:
-    from t2r.train import finetune, load_recipe
-
     from accelerate import PartialState
+
+    from t2r.train import finetune, load_recipe
 
     recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
     check_recipe_data(recipe)

@@ -6,7 +6,13 @@ the source what the settings ask for (`calibrated_convert`): which layers stay s
 
 from t2r.convert.calibration import calibrated_convert, calibration_rows, resolve_layers, teacher_lookback
 from t2r.convert.conversion import (
-    ConversionReport, check_convertible, conversion_report, convert, count_parameters, quiet_loading, t2r_config,
+    ConversionReport,
+    check_convertible,
+    conversion_report,
+    convert,
+    count_parameters,
+    quiet_loading,
+    t2r_config,
 )
 from t2r.convert.layer_spec import auto_softmax_count, check_layer_spec, compact_ranges, parse_layers
 from t2r.convert.lookback import attention_lookback

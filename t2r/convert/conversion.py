@@ -17,8 +17,8 @@ from transformers.utils import logging as hf_logging
 from t2r.convert.layer_spec import compact_ranges, parse_layers
 from t2r.layers import resolve_options
 from t2r.models import ARCHITECTURES
-from t2r.models.generation_cache import generation_memory
 from t2r.models.configuration import T2RConfigMixin
+from t2r.models.generation_cache import generation_memory
 
 _DROPPED_CONFIG_KEYS = ("model_type", "architectures", "transformers_version", "quantization_config", "auto_map")
 

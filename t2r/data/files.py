@@ -109,7 +109,8 @@ def explain(cfg: DataConfig, err: Exception) -> Exception:
         return found
     except Exception:  # noqa: BLE001 - the original error is reported below
         pass
-    cause = str(err.__cause__ or err).strip().splitlines()[-1] if str(err.__cause__ or err).strip() else type(err).__name__
+    message = str(err.__cause__ or err).strip()
+    cause = message.splitlines()[-1] if message else type(err).__name__
     return DataError(f"data.path: reading {cfg.path!r} failed: {cause}")
 
 
@@ -172,8 +173,9 @@ def _json(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno}); each line must "
-                                f"be one JSON object such as {{\"{field}\": \"...\"}}: fix or delete the line") from None
+                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno}); each line "
+                                f"must be one JSON object such as {{\"{field}\": \"...\"}}: fix or delete the line"
+                                ) from None
             value = _text_of(row, path, number, field)
             fields_seen.update(row)
             with_field += field in row
@@ -181,7 +183,8 @@ def _json(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
             if limit is not None and count >= limit:
                 return count, False
     if fields_seen and not with_field:
-        raise DataError(f"{path}: no line has the field {field!r} (fields: {', '.join(map(repr, sorted(fields_seen)))}); "
+        seen = ", ".join(map(repr, sorted(fields_seen)))
+        raise DataError(f"{path}: no line has the field {field!r} (fields: {seen}); "
                         "set data.text_field to the field holding the text")
     return count, True
 

@@ -34,7 +34,8 @@ class Contender:
     def __post_init__(self):
         if self.window is not None:
             if self.window < 1 or self.sinks < 0:
-                raise ValueError(f"a window needs window >= 1 and sinks >= 0, got window={self.window}, sinks={self.sinks}")
+                raise ValueError(f"a window needs window >= 1 and sinks >= 0, got window={self.window}, "
+                                 f"sinks={self.sinks}")
             mixers = getattr(self.model.config, "t2r_mixers", None)
             if mixers and any(m != "softmax" for m in mixers):
                 raise ValueError(f"{self.name}: window baselines are built from a softmax model, not a converted one")

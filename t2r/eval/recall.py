@@ -79,7 +79,8 @@ def mqar_examples(tokenizer, num_pairs: int, count: int, seed: int = 0) -> list[
     return examples
 
 
-def passkey_examples(tokenizer, length: int, depth: float, count: int, seed: int = 0, digits: int = 5) -> list[RecallExample]:
+def passkey_examples(tokenizer, length: int, depth: float, count: int, seed: int = 0,
+                     digits: int = 5) -> list[RecallExample]:
     """`count` prompts of exactly `length` tokens with a `digits`-digit pass key at `depth` (0 = start, 1 = end)."""
     rng = random.Random(f"{seed}-{length}-{depth}")
     head = _with_bos(tokenizer, _encode(tokenizer, "There is a pass key hidden in a lot of irrelevant text. "
@@ -89,7 +90,8 @@ def passkey_examples(tokenizer, length: int, depth: float, count: int, seed: int
     examples = []
     for _ in range(count):
         key = _encode(tokenizer, " " + "".join(rng.choice("0123456789") for _ in range(digits)))
-        needle = _encode(tokenizer, " The pass key is") + key + _encode(tokenizer, ". Remember it. The pass key is") + key + _encode(tokenizer, ".")
+        needle = (_encode(tokenizer, " The pass key is") + key + _encode(tokenizer, ". Remember it. The pass key is")
+                  + key + _encode(tokenizer, "."))
         budget = length - len(head) - len(needle) - len(question) - len(key)
         if budget < 0:
             raise ValueError(f"passkey length {length} is too short for the prompt ({length - budget} tokens)")

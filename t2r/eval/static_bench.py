@@ -37,7 +37,9 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
         def step():
             nonlocal token
             token = decoder.step(token).argmax(-1, keepdim=True)
-        state = lambda: unique_bytes(b for bufs in decoder.cache.buffers.values() for b in bufs)
+
+        def state():
+            return unique_bytes(b for bufs in decoder.cache.buffers.values() for b in bufs)
     else:
         from transformers import StaticCache
 
@@ -57,7 +59,9 @@ def measure_static(model, input_ids, decode_tokens: int, warmup: int, repeats: i
             logits = forward(input_ids=token, position_ids=position, past_key_values=cache, use_cache=True).logits
             token = logits[:, -1].argmax(-1, keepdim=True).clone()
             position.add_(1)
-        state = lambda: unique_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+
+        def state():
+            return unique_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
     for _ in range(warmup):
         step()
     times = [timed(step, device)[1] for _ in range(steps)]

@@ -52,8 +52,8 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
                    check_first: Callable[[torch.Tensor, torch.Tensor], None] | None = None
                    ) -> tuple[float, int, int | None]:
     """(median ms per step, tokens per step, CUDA peak bytes or None on CPU) of `warmup + steps` training
-    steps on random ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself there).
-    The model's parameters are updated: time a copy if the weights matter afterwards."""
+    steps on random ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself
+    there). The model's parameters are updated: time a copy if the weights matter afterwards."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps}, warmup={warmup}: need at least one timed step and no negative warm-up")
     device = next(model.parameters()).device

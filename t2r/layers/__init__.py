@@ -5,7 +5,13 @@ The registry and options import no torch; the layer classes load on first use (P
 """
 
 from t2r.layers.options import (
-    FEATURE_MAPS, FoXOptions, GatedDeltaOptions, GLAOptions, GSAOptions, MixerOptions, RetNetOptions,
+    FEATURE_MAPS,
+    FoXOptions,
+    GatedDeltaOptions,
+    GLAOptions,
+    GSAOptions,
+    MixerOptions,
+    RetNetOptions,
 )
 from t2r.layers.registry import MIXERS, MixerSpec, get_mixer, register_mixer, resolve_options, unregister_mixer
 
@@ -32,6 +38,7 @@ def build_mixer(target: str, attention, config, layer_idx: int, options: MixerOp
 
 
 __all__ = [
-    *_LAZY, "MixerOptions", "GSAOptions", "GLAOptions", "RetNetOptions", "FoXOptions", "GatedDeltaOptions", "FEATURE_MAPS",
+    *_LAZY, "MixerOptions", "GSAOptions", "GLAOptions", "RetNetOptions", "FoXOptions", "GatedDeltaOptions",
+    "FEATURE_MAPS",
     "MIXERS", "MixerSpec", "get_mixer", "register_mixer", "unregister_mixer", "resolve_options", "build_mixer",
 ]

@@ -16,7 +16,6 @@ from t2r.layers.options import MixerOptions
 from t2r.layers.registry import teacher_init_refusal
 from t2r.layers.state import RecurrentStateLayer, WindowedStateLayer
 
-
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 """The source attention's projections, under the sources' names (`qkv_proj`: Phi-3's fused q | k | v): reused by a
 converted layer, and the default LoRA targets."""
@@ -44,7 +43,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     rotary = cos.shape[-1]
     if rotary == q.shape[-1]:
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    (q_rot, q_pass), (k_rot, k_pass) = q.split([rotary, q.shape[-1] - rotary], -1), k.split([rotary, k.shape[-1] - rotary], -1)
+    q_rot, q_pass = q.split([rotary, q.shape[-1] - rotary], -1)
+    k_rot, k_pass = k.split([rotary, k.shape[-1] - rotary], -1)
     return (torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], -1),
             torch.cat([k_rot * cos + rotate_half(k_rot) * sin, k_pass], -1))
 
@@ -118,7 +118,8 @@ class ConvertedAttention(nn.Module):
     @staticmethod
     def rotate(q, k, position_embeddings, dtype):
         if position_embeddings is None:
-            raise ValueError("this layer applies RoPE (rope=True, or a window) and needs position_embeddings=(cos, sin)")
+            raise ValueError("this layer applies RoPE (rope=True, or a window) and needs "
+                             "position_embeddings=(cos, sin)")
         q, k = apply_rope(q, k, *position_embeddings)
         # fp32 cos/sin (the residual stream under autocast) promote q, k; keep the projections' dtype, as
         # autocast does for the source's SDPA, so the kernels get one dtype (FoX's refuse mixed ones)

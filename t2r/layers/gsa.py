@@ -32,4 +32,5 @@ class GatedSlotAttention(RecurrentMixer):
         g = F.logsigmoid(logits).view(*hidden_states.shape[:-1], self.num_kv_heads, self.num_slots)
         g = g / self.gate_logit_normalizer
         s = -g.expm1()  # 1 - alpha, computed without cancellation
-        return gsa(q, k, v, s, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return gsa(q, k, v, s, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,
+                   cu_seqlens=cu_seqlens)

@@ -28,7 +28,8 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | Non
         y = sum(extended[:, j:j + x.shape[1]] * weight[:, j] for j in range(width))
         return y, extended[:, x.shape[1]:]
     if x.shape[0] != 1:
-        raise ValueError(f"causal_conv with cu_seqlens needs batch size 1 (sequences packed along time), got {x.shape[0]}")
+        raise ValueError("causal_conv with cu_seqlens needs batch size 1 (sequences packed along time), "
+                         f"got {x.shape[0]}")
     length, starts, ends = x.shape[1], cu_seqlens[:-1].long(), cu_seqlens[1:].long()
     steps = torch.arange(length, device=x.device)
     document = torch.searchsorted(ends, steps, right=True).clamp(max=len(ends) - 1)  # no host sync

@@ -73,7 +73,7 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
     steps = torch.arange(length, device=device)
     real = (attention_mask[:, -length:].bool() if attention_mask is not None
             else torch.ones(batch, length, dtype=torch.bool, device=device))
-    positions = (position_ids.expand(batch, length) if position_ids is not None else (steps + seen).expand(batch, length))
+    positions = (position_ids if position_ids is not None else steps + seen).expand(batch, length)
     new = dict(hidden=hidden_states, k=k, v=v, k_rot=k_rot, pos=positions.long(), real=real,
                abs=(steps + seen).expand(batch, length))
 

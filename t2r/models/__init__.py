@@ -4,7 +4,12 @@ The classes of every source are named by its adapter (`ARCHITECTURES`) and expor
 (`T2RLlamaForCausalLM`, ...)."""
 
 from t2r.models.architectures import (
-    ARCHITECTURES, SourceAdapter, get_source, register_auto_classes, register_source, unregister_source,
+    ARCHITECTURES,
+    SourceAdapter,
+    get_source,
+    register_auto_classes,
+    register_source,
+    unregister_source,
 )
 from t2r.models.generation_cache import T2RCache
 

@@ -23,7 +23,7 @@ What differs per source, on its adapter:
 
 Adding a source: its config class in `configuration.py`, its base model and causal LM classes in `modeling.py`
 (empty subclasses but for their `config` annotation), one `SourceAdapter` below (or `register_source` in your
-own code), and one row of `TINY_SOURCES` in `tests/models/conftest.py`.
+own code), and one row of `TINY_SOURCES` in `tests/helpers/models.py`.
 
 This module imports no model code: the adapters name their classes, imported on first use, so that the
 configuration and modeling modules can read their adapter.

@@ -10,11 +10,23 @@ a forward that hands each layer the mask it needs, and the recurrent-state cache
 import torch
 from torch import nn
 from transformers import (
-    Gemma3ForCausalLM, Gemma3TextModel, LlamaForCausalLM, Phi3ForCausalLM, Phi3Model, LlamaModel, MistralForCausalLM, MistralModel, Qwen2ForCausalLM, Qwen2Model, Qwen3ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextModel,
+    LlamaForCausalLM,
+    LlamaModel,
+    MistralForCausalLM,
+    MistralModel,
+    Phi3ForCausalLM,
+    Phi3Model,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+    Qwen3ForCausalLM,
     Qwen3Model,
 )
 from transformers.masking_utils import (
-    create_causal_mask, create_recurrent_attention_mask, create_sliding_window_causal_mask,
+    create_causal_mask,
+    create_recurrent_attention_mask,
+    create_sliding_window_causal_mask,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils.generic import merge_with_config_defaults
@@ -22,10 +34,15 @@ from transformers.utils.output_capturing import capture_outputs
 
 from t2r.layers import ConvertedAttention, build_mixer
 from t2r.models.architectures import get_source
-from t2r.models.generation_cache import T2RCache
 from t2r.models.configuration import (
-    T2RGemma3TextConfig, T2RLlamaConfig, T2RMistralConfig, T2RPhi3Config, T2RQwen2Config, T2RQwen3Config,
+    T2RGemma3TextConfig,
+    T2RLlamaConfig,
+    T2RMistralConfig,
+    T2RPhi3Config,
+    T2RQwen2Config,
+    T2RQwen3Config,
 )
+from t2r.models.generation_cache import T2RCache
 
 _MASK_FUNCTIONS = {
     "full_attention": create_causal_mask,
@@ -53,7 +70,8 @@ class T2RModelMixin:
         for layer_idx, mixer in enumerate(config.t2r_mixers):
             if mixer != "softmax":
                 layer = self.layers[layer_idx]
-                layer.self_attn = build_mixer(mixer, layer.self_attn, config, layer_idx, config.mixer_options(layer_idx))
+                options = config.mixer_options(layer_idx)
+                layer.self_attn = build_mixer(mixer, layer.self_attn, config, layer_idx, options)
         self.post_init()
 
     def _init_weights(self, module):

@@ -61,5 +61,6 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     if choice != "auto":
         return choice == "triton"
     on_cuda = all(t.is_cuda for t in tensors if isinstance(t, torch.Tensor))
-    half = len(tensors) > 0 and tensors[0].dtype in (torch.bfloat16, torch.float16)  # bool(tuple) breaks torch.compile's graph
+    # len(): bool(tuple) breaks torch.compile's graph
+    half = len(tensors) > 0 and tensors[0].dtype in (torch.bfloat16, torch.float16)
     return half and on_cuda and _triton_importable()

@@ -11,7 +11,7 @@
 Gates enter the kernels in log2 space (g * 1/ln 2, then exp2).
 """
 import functools
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -60,8 +60,8 @@ patch_interpreter()
 
 
 def prepare_chunks(
-    B: int, T: int, BT: int, cu_seqlens: Optional[torch.Tensor]
-) -> Tuple[int, int, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    B: int, T: int, BT: int, cu_seqlens: torch.Tensor | None
+) -> Tuple[int, int, torch.Tensor | None, torch.Tensor | None]:
     """Return (N, NT_total, chunk_indices, chunk_offsets).
 
     Without cu_seqlens: N = B sequences of T steps, NT_total = B * cdiv(T, BT), no tables.
@@ -136,7 +136,7 @@ def scan_passes(NS: int) -> tuple:
     return (True, False) if NS > 1 else (False,)
 
 
-SEGMENTS: Optional[int] = None
+SEGMENTS: int | None = None
 """Override of num_segments (tests set it to split short sequences; None: automatic)."""
 
 
@@ -268,9 +268,9 @@ def _reverse_cumsum_kernel(
         b_c += tl.sum(b_x, axis=0)
 
 
-def reverse_cumsum(x: torch.Tensor, out_dtype: torch.dtype, carry: Optional[torch.Tensor] = None,
-                   cu_seqlens: Optional[torch.Tensor] = None, block_d: Optional[int] = None,
-                   num_warps: int = 4, num_stages: Optional[int] = None, segment: int = 512) -> torch.Tensor:
+def reverse_cumsum(x: torch.Tensor, out_dtype: torch.dtype, carry: torch.Tensor | None = None,
+                   cu_seqlens: torch.Tensor | None = None, block_d: int | None = None,
+                   num_warps: int = 4, num_stages: int | None = None, segment: int = 512) -> torch.Tensor:
     """y_t = carry + sum_{s >= t, same sequence} x_s along time.
 
     x: [B, T, H] or [B, T, H, D] fp32; carry: [N, H] or [N, H, D] (N sequences) or None.

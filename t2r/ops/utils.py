@@ -3,7 +3,7 @@
 Every check raises ``ValueError`` with a message that names the op, the
 offending argument, the expected shape, and what to change.
 """
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Sequence, Tuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -24,7 +24,7 @@ __all__ = [
 # cheaper than padding to a whole chunk.
 RECURRENT_MAX_LEN = 4
 
-State = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
+State = torch.Tensor | Tuple[torch.Tensor, ...]
 
 
 def _shape(t: torch.Tensor) -> list:
@@ -72,7 +72,7 @@ def check_gate(op: str, name: str, gate: torch.Tensor, expected: Sequence[int], 
         )
 
 
-def check_state(op: str, name: str, state: Optional[torch.Tensor], expected: Sequence[int]) -> None:
+def check_state(op: str, name: str, state: torch.Tensor | None, expected: Sequence[int]) -> None:
     """Check a recurrent state (if given) has the `expected` shape."""
     if state is not None and list(state.shape) != list(expected):
         raise ValueError(
@@ -81,7 +81,7 @@ def check_state(op: str, name: str, state: Optional[torch.Tensor], expected: Seq
         )
 
 
-def check_cu_seqlens(op: str, cu_seqlens: Optional[torch.Tensor], batch: int,
+def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
                      seq_len: int) -> int:
     """Validate packed-sequence offsets; return the number of sequences (the batch if None)."""
     if cu_seqlens is None:
@@ -109,12 +109,12 @@ def check_cu_seqlens(op: str, cu_seqlens: Optional[torch.Tensor], batch: int,
     return len(bounds) - 1
 
 
-def default_scale(scale: Optional[float], head_dim: int) -> float:
+def default_scale(scale: float | None, head_dim: int) -> float:
     """The attention scale, K**-0.5 unless given."""
     return head_dim ** -0.5 if scale is None else scale
 
 
-def _state_row(state: Optional[State], i: int) -> Optional[State]:
+def _state_row(state: State | None, i: int) -> State | None:
     if state is None:
         return None
     if isinstance(state, tuple):
@@ -135,8 +135,8 @@ def segment_ids(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def map_over_sequences(fn: Callable, tensors: Sequence[torch.Tensor],
-                       initial_state: Optional[State], output_final_state: bool,
-                       cu_seqlens: Optional[torch.Tensor], segmented: bool = False):
+                       initial_state: State | None, output_final_state: bool,
+                       cu_seqlens: torch.Tensor | None, segmented: bool = False):
     """Run `fn(*tensors, initial_state=, output_final_state=)` once per packed sequence.
 
     Without cu_seqlens this is one plain call. With it and a `segmented` fn (one that takes
@@ -218,6 +218,6 @@ def needs_grad(*values) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
-def prefer_recurrent(seq_len: int, *tensors: Optional[State]) -> bool:
+def prefer_recurrent(seq_len: int, *tensors: State | None) -> bool:
     """True for short inputs without autograd (decoding): the step loop beats chunking."""
     return seq_len <= RECURRENT_MAX_LEN and not needs_grad(*tensors)

@@ -1,7 +1,7 @@
 """Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints."""
 
-from .errors import CheckpointError, NonFiniteError, RunDirError, RunError
 from .batches import evaluate_loss, heldout_loss
+from .errors import CheckpointError, NonFiniteError, RunDirError, RunError
 from .loop import Interrupt, finetune
 from .recipe import Recipe, RecipeError, load_recipe, save_resolved
 

@@ -39,10 +39,11 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
+    from t2r.optim import build_optimizer
+
     from .batches import micro_batches, packed_loader
     from .losses import stage_loss
     from .model_setup import build_model, place_teacher
-    from t2r.optim import build_optimizer
 
     if steps < 1:
         raise ValueError(f"--measure {steps}: give at least 1 timed step")

@@ -15,7 +15,6 @@ from t2r.layers.base import ATTENTION_PROJECTIONS, REUSED_MODULES, ConvertedAtte
 from t2r.sources import load_source
 
 
-
 def _added_children(attention: ConvertedAttention) -> dict[str, nn.Module]:
     """The parameterised submodules conversion added to one attention module (its gates), by name."""
     return {name: child for name, child in attention.named_children()

@@ -9,8 +9,8 @@ from t2r.convert import calibration
 from t2r.convert.calibration import calibrated_convert, calibration_rows
 from t2r.convert.lookback import attention_lookback
 from t2r.convert.sensitivity import rank_layers
-from tests.data.conftest import char_tokenizer
-from tests.models.conftest import tiny_source
+from tests.helpers.data import char_tokenizer
+from tests.helpers.models import tiny_source
 
 IDS = torch.randint(3, 97, (2, 24), generator=torch.Generator().manual_seed(2))
 

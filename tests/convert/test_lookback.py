@@ -9,9 +9,8 @@ import t2r
 from t2r.cli import main
 from t2r.convert.lookback import attention_lookback
 from t2r.layers.base import decay_for_lookback
-from tests.convert.test_sensitivity import write_words
-from tests.models.conftest import tiny_source
-from tests.test_cli import save_tiny_source
+from tests.helpers.data import write_words
+from tests.helpers.models import save_tiny_source, tiny_source
 
 IDS = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(1))
 
@@ -50,7 +49,7 @@ def test_gla_and_fox_gates_start_at_the_decays():
 
 
 def test_command_line_and_recipe_entries(tmp_path):
-    save_tiny_source(tmp_path / "src")
+    save_tiny_source(tmp_path / "src", tokenizer="words")
     args = ["convert", "--model", str(tmp_path / "src"), "--to", "fox", "--device", "cpu", "--data",
             str(write_words(tmp_path / "text.jsonl")), "--calibration-rows", "2", "--calibration-length", "32"]
     assert main([*args, "--out", str(tmp_path / "default")]) == 0
@@ -63,8 +62,8 @@ def test_command_line_and_recipe_entries(tmp_path):
     assert json.loads((tmp_path / "teacher" / "config.json").read_text())["t2r_mixers"] == ["fox"] * 3
 
     from t2r.train.recipe import RecipeError
-    from tests.train.test_recipe import make
+    from tests.helpers.recipes import make_recipe
 
-    assert make("convert.target=gla", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
+    assert make_recipe("convert.target=gla", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
     with pytest.raises(RecipeError, match="'gsa' does not have"):
-        make("convert.init=teacher")
+        make_recipe("convert.init=teacher")

@@ -1,7 +1,6 @@
 """Layer sensitivity ranking: the measure itself, the auto:N choice, and its command-line and recipe entries."""
 
 import json
-import random
 
 import pytest
 import torch
@@ -10,9 +9,8 @@ from t2r.cli import main
 from t2r.convert import calibration
 from t2r.convert.calibration import resolve_layers
 from t2r.convert.sensitivity import LayerRanking, rank_layers
-from tests.models.conftest import tiny_source
-from tests.test_cli import save_tiny_source
-from tests.train.conftest import corpus, source_dir  # noqa: F401  (fixtures)
+from tests.helpers.data import write_words
+from tests.helpers.models import save_tiny_source, tiny_source
 
 IDS = torch.randint(3, 97, (3, 20), generator=torch.Generator().manual_seed(0))
 
@@ -63,15 +61,8 @@ def test_resolve_layers_reuses_a_saved_ranking_for_the_same_calibration(tmp_path
         resolve_layers("auto:3", source, None, "gsa")
 
 
-def write_words(path, documents=6, words=300):
-    rng = random.Random(0)
-    path.write_text("".join(json.dumps({"text": " ".join(f"w{rng.randrange(4, 97)}" for _ in range(words))}) + "\n"
-                            for _ in range(documents)))
-    return path
-
-
 def test_command_line_ranks_and_converts_with_auto_layers(tmp_path, capsys):
-    save_tiny_source(tmp_path / "src")
+    save_tiny_source(tmp_path / "src", tokenizer="words")
     data = write_words(tmp_path / "text.jsonl")
     common = ["--model", str(tmp_path / "src"), "--to", "gsa", "--num-slots", "4", "--device", "cpu",
               "--data", str(data), "--calibration-rows", "2", "--calibration-length", "64"]
@@ -88,16 +79,16 @@ def test_command_line_ranks_and_converts_with_auto_layers(tmp_path, capsys):
 
 def test_recipes_accept_auto_layers():
     from t2r.train.recipe import RecipeError
-    from tests.train.test_recipe import make
+    from tests.helpers.recipes import make_recipe
 
-    assert make("convert.layers=auto:2").convert.layers == "auto:2"
+    assert make_recipe("convert.layers=auto:2").convert.layers == "auto:2"
     with pytest.raises(RecipeError, match="or 'auto:N'"):
-        make("convert.layers=auto:two")
+        make_recipe("convert.layers=auto:two")
 
 
 def test_a_recipe_with_auto_layers_builds_the_ranked_hybrid(tmp_path, source_dir, corpus):
     from t2r.train.model_setup import build_model
-    from tests.train.conftest import recipe
+    from tests.helpers.recipes import recipe
 
     tiny = recipe(tmp_path, source_dir, corpus, **{"convert.layers": "auto:1"})
     model, _, _ = build_model(tiny)
@@ -112,7 +103,7 @@ def test_a_recipe_with_auto_layers_builds_the_ranked_hybrid(tmp_path, source_dir
 ])
 def test_student_and_teacher_never_share_weights(tmp_path, source_dir, corpus, overrides):
     from t2r.train.model_setup import build_model
-    from tests.train.conftest import recipe
+    from tests.helpers.recipes import recipe
 
     model, _, teacher = build_model(recipe(tmp_path, source_dir, corpus, **overrides))
     teacher_pointers = {p.data_ptr() for p in teacher.parameters()}

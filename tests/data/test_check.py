@@ -9,7 +9,7 @@ import pytest
 
 from t2r.data import DataConfig, load_documents
 from t2r.data.check import DataError, check_files, check_rows
-from tests.data.conftest import char_tokenizer
+from tests.helpers.data import char_tokenizer
 
 GOOD = '{"text": "a fine document"}\n'
 
@@ -29,7 +29,8 @@ def write(path, data: bytes | str):
     ("list.jsonl", GOOD + "[1, 2]\n", "list.jsonl, line 2: a JSON list where an object is expected"),
     ("number.jsonl", GOOD + '{"text": 7}\n', "number.jsonl, line 2: field 'text' holds int, not text"),
     ("field.jsonl", '{"body": "x"}\n{"body": "y"}\n', "no line has the field 'text' (fields: 'body')"),
-    ("latin1.txt", "line one\nline two \xe9\n".encode("latin-1"), "latin1.txt, line 2: not UTF-8 text (byte 0xe9 at column 10)"),
+    ("latin1.txt", "line one\nline two \xe9\n".encode("latin-1"),
+     "latin1.txt, line 2: not UTF-8 text (byte 0xe9 at column 10)"),
 ])
 def test_each_broken_file_is_named_with_its_line(tmp_path, name, content, message):
     path = write(tmp_path / name, content)

@@ -6,8 +6,7 @@ import shutil
 import pytest
 from datasets import Dataset
 
-from t2r.data import DataConfig, load_documents
-from t2r.data import documents
+from t2r.data import DataConfig, documents, load_documents
 
 
 def docs(path, seed=0, part="train", **kw):

@@ -7,8 +7,8 @@ from transformers import DataCollatorWithFlattening
 
 import t2r
 from t2r.data import DataConfig, PackedSequences, collate_packed, load_documents
-from tests.data.conftest import SENTENCES, char_tokenizer
-from tests.models.conftest import tiny_source
+from tests.helpers.data import SENTENCES, char_tokenizer
+from tests.helpers.models import tiny_source
 
 
 @pytest.fixture(scope="module")

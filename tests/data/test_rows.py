@@ -8,7 +8,7 @@ import torch
 from t2r.data import DataConfig
 from t2r.data.documents import load_documents
 from t2r.data.rows import token_rows
-from tests.data.conftest import char_tokenizer
+from tests.helpers.data import char_tokenizer
 
 # distinct documents of varied lengths; with length 32, the long ones are those of >= 32 characters
 DOCS = [

@@ -10,14 +10,14 @@ import torch
 import t2r
 from t2r.eval.bench import BenchRow, bench_model, cache_bytes, format_table, parse_sizes, plot
 from t2r.models.generation_cache import generation_memory
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 CONTEXTS = (16, 64, 128)
 DECODE = 4
 FAST = dict(decode_tokens=DECODE, warmup=1, repeats=1)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/eval/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,7 @@ import torch
 import t2r
 from t2r.eval.contenders import Contender, memory_matched_window, window_sink_mask
 from t2r.models.generation_cache import generation_memory
-from tests.models.conftest import ARCHS, tiny_source
-
-VOCAB = 97  # tiny_source's vocabulary; ids 0-2 are pad/bos/eos, so random rows use 3..96
-
-
-def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
+from tests.helpers.models import ARCHS, VOCAB, random_ids, tiny_source
 
 # --- window_sink_mask ------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from t2r.eval import frontier
 from t2r.eval.models import load_pair
 from t2r.eval.settings import EvalSettings
 from t2r.eval.suite import evaluate
-from tests.train.conftest import save_char_source
+from tests.helpers.models import save_tiny_source
 
 PER_TOKEN = 1024  # the source's KV bytes per token in the constructed example
 
@@ -81,7 +81,7 @@ def test_outside_the_sweep_the_nearest_end_is_named():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("frontier")
-    source = save_char_source(root / "source")
+    source = save_tiny_source(root / "source")
     for target, flags in (("gsa", ["--num-slots", "4"]), ("gla", [])):
         assert main(["convert", "--model", str(source), "--to", target, *flags, "--out", str(root / target),
                      "--device", "cpu"]) == 0

@@ -12,15 +12,20 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-import datasets  # noqa: E402  (lm-eval depends on it)
-
 import t2r  # noqa: E402
 from t2r.eval.harness import (  # noqa: E402
-    LOCAL_DATA_ENV, PRESETS, TaskSpec, check_tasks, known_tasks, local_task, resolve_tasks, run_harness,
+    LOCAL_DATA_ENV,
+    PRESETS,
+    TaskSpec,
+    check_tasks,
+    known_tasks,
+    local_task,
+    resolve_tasks,
+    run_harness,
 )
 from t2r.eval.multiple_choice import encode_pair, loglikelihoods, score_multiple_choice  # noqa: E402
-from tests.data.conftest import char_tokenizer  # noqa: E402
-from tests.models.conftest import tiny_source  # noqa: E402
+from tests.helpers.data import char_tokenizer, write_jsonl  # noqa: E402
+from tests.helpers.models import tiny_source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,17 +45,6 @@ ITEMS = [
     {"query": "Every morning the baker lit the", "choices": [" oven", " lamp", " candles on the table"], "gold": 0},
     {"query": "Ships left the harbour", "choices": [" one by one", " slowly"], "gold": 1},
 ]
-
-
-def write_jsonl(path, items):
-    path.write_text("".join(json.dumps(item) + "\n" for item in items))
-    return path
-
-
-@pytest.fixture(autouse=True)
-def datasets_cache(tmp_path_factory, monkeypatch):
-    """Keep the Arrow cache of the local json datasets out of the user's home directory."""
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
 
 
 @pytest.fixture(scope="module")

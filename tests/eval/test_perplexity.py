@@ -2,27 +2,13 @@
 
 import math
 
-import datasets
 import pytest
 import torch
 import torch.nn.functional as F
 
 from t2r.eval.contenders import Contender
 from t2r.eval.perplexity import bucket_edges, pool_by_position, position_perplexity, token_nll
-from tests.models.conftest import ARCHS, tiny_source
-
-VOCAB = 97
-
-
-@pytest.fixture(autouse=True)
-def datasets_cache(tmp_path_factory, monkeypatch):
-    """Keep `datasets`' Arrow cache out of the user's home directory."""
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
-
-
-def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
+from tests.helpers.models import ARCHS, random_ids, tiny_source
 
 # --- pool_by_position -------------------------------------------------------------------------------------------
 

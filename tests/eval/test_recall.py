@@ -7,10 +7,17 @@ import torch
 import t2r
 from t2r.eval.contenders import Contender
 from t2r.eval.recall import (
-    FILLER, MQAR_PREFIX, RecallExample, mqar, mqar_examples, passkey, passkey_examples, recall_accuracy,
+    FILLER,
+    MQAR_PREFIX,
+    RecallExample,
+    mqar,
+    mqar_examples,
+    passkey,
+    passkey_examples,
+    recall_accuracy,
     word_tokens,
 )
-from tests.data.conftest import char_tokenizer
+from tests.helpers.data import char_tokenizer
 
 HEAD = "There is a pass key hidden in a lot of irrelevant text. Find it and remember it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"

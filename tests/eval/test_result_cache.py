@@ -12,7 +12,7 @@ from t2r.eval.models import load_pair
 from t2r.eval.result_cache import FileHashes, ResultCache
 from t2r.eval.settings import EvalSettings
 from t2r.eval.suite import evaluate
-from tests.train.conftest import save_char_source
+from tests.helpers.models import save_tiny_source
 
 SMALL = dict(suites=["ppl", "passkey"], ppl_length=64, ppl_rows=2, windows=[16], sinks=2, passkey_lengths=[200],
              passkey_depths=[0, 1], passkey_prompts=1, device="cpu", dtype="float32")
@@ -23,7 +23,7 @@ SMALL = dict(suites=["ppl", "passkey"], ppl_length=64, ppl_rows=2, windows=[16],
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("cache_pair")
-    source = save_char_source(root / "source")
+    source = save_tiny_source(root / "source")
     assert main(["convert", "--model", str(source), "--to", "gsa", "--num-slots", "4", "--out", str(root / "gsa"),
                  "--device", "cpu"]) == 0
     return source, root / "gsa"
@@ -97,7 +97,7 @@ def test_a_changed_setting_misses(pair, tmp_path, scored, change, rescored):
 def test_a_changed_weight_misses(pair, tmp_path, scored):
     from t2r.sources import load_source
 
-    source = save_char_source(tmp_path / "source")  # the same weights as pair's source, another directory
+    source = save_tiny_source(tmp_path / "source")  # the same weights as pair's source, another directory
     run(pair, tmp_path / "a", tmp_path / "cache", source=source, suites=["ppl"])
     scored.clear()
     run(pair, tmp_path / "b", tmp_path / "cache", source=source, suites=["ppl"])

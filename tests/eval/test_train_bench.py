@@ -5,10 +5,9 @@ import torch
 
 import t2r
 from t2r.eval.train_bench import TrainRow, bench_training, format_train_table, training_steps
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
-
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/eval/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_steps_train_every_parameter_and_see_the_batch():

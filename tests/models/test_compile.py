@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 pytest.importorskip("triton")
 from t2r.ops.common import triton_chunk as gla_kernels  # noqa: E402

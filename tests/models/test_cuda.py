@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

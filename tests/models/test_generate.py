@@ -5,7 +5,7 @@ import torch
 
 import t2r
 from t2r.layers.state import GatedKVLayer, RecurrentStateLayer
-from tests.models.conftest import small, tiny_source
+from tests.helpers.models import greedy, small, tiny_source
 
 TOL = dict(rtol=1e-4, atol=1e-4)  # fp32: chunkwise prefill vs recurrent steps differ only by rounding
 
@@ -17,7 +17,8 @@ def converted(arch, target, **kw):
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ".self_attn." in name and not name.split(".self_attn.")[1].startswith(("q_proj", "k_proj", "v_proj", "o_proj")):
+            reused = ("q_proj", "k_proj", "v_proj", "o_proj")
+            if ".self_attn." in name and not name.split(".self_attn.")[1].startswith(reused):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     return model
 
@@ -69,12 +70,6 @@ def test_fox_cache_keeps_keys_values_and_gates():
     layer = cache.layers[0]
     assert isinstance(layer, GatedKVLayer)
     assert layer.keys.shape == (2, 2, 6, 16) and layer.gates.shape == (2, 4, 6)
-
-
-def greedy(model, ids, mask=None, n=8):
-    # min_new_tokens: no early stop at EOS, so batched and single runs give the same lengths
-    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=0)
 
 
 def test_left_padded_batch_generates_as_single_sequences(arch, target):

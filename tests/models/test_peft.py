@@ -4,7 +4,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 import t2r
-from tests.models.conftest import small, tiny_source
+from tests.helpers.models import small, tiny_source
 
 GATES = {"gsa": ["slot_gate"], "gla": ["gate"], "retnet": [], "fox": ["forget_gate"], "gdn": ["gates", "conv"]}
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import t2r
-from tests.models.conftest import small, tiny_source
+from tests.helpers.models import small, tiny_source
 
 
 def test_save_load_round_trip(tmp_path, arch, target):

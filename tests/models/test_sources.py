@@ -11,8 +11,7 @@ from t2r.layers import MIXERS
 from t2r.models import ARCHITECTURES, SourceAdapter, get_source, register_source, unregister_source
 from t2r.models.configuration import T2RConfigMixin
 from t2r.models.modeling import T2RCausalLMMixin, T2RModelMixin
-from tests.models.conftest import ARCHS, TINY_SOURCES, TinySource, small, tiny_source
-
+from tests.helpers.models import ARCHS, TINY_SOURCES, TinySource, small, tiny_source
 
 # --- a throwaway source: OLMo (non-parametric layer norms; clip_qkv clamps q, k, v, which t2r does not do) ---
 

@@ -6,7 +6,7 @@ import torch
 
 import t2r
 from t2r.models.static_decode import StaticDecoder, StaticStateCache, greedy_generate
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 # fp32 on CPU: both paths run the same ops (chunkwise prefill, recurrent steps); generate() adds only a mask
 # multiply by 1 in the prefill and slices logits differently, so logits agree to rounding.

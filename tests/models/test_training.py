@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import t2r
-from tests.models.conftest import small, tiny_source
+from tests.helpers.models import small, tiny_source
 
 
 def test_one_step_reduces_loss_and_trains_the_gates(target):

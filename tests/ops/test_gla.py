@@ -3,58 +3,47 @@ import pytest
 import torch
 
 from t2r.ops import chunk_gla, gla, naive_recurrent_gla, use_triton
+from tests.helpers.ops import B, H, K, V, make_inputs
 
-B, H, K, V = 2, 2, 16, 32
 FP32_RTOL, BF16_RTOL = 1e-4, 2e-2
-
-
-def make_inputs(make_log_decay, T, HQ=H, gate="moderate", dtype=torch.float32, batch=B):
-    inputs = {
-        "q": torch.randn(batch, T, HQ, K),
-        "k": torch.randn(batch, T, H, K),
-        "v": torch.randn(batch, T, H, V),
-        "g": make_log_decay((batch, T, H, K), gate),
-    }
-    return {name: t.to(dtype) for name, t in inputs.items()}, torch.randn(batch, H, K, V)
 
 
 @pytest.mark.parametrize("gate", ["mild", "strong"])
 @pytest.mark.parametrize("HQ", [2, 4])
 @pytest.mark.parametrize("T", [1, 7, 64, 100, 130])
-def test_chunk_and_public_match_reference_fp32(T, HQ, gate, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ, gate)
+def test_chunk_and_public_match_reference_fp32(T, HQ, gate, forward_backward, assert_close):
+    inputs, h0 = make_inputs("gla", T, HQ, gate)
     ref = forward_backward(naive_recurrent_gla, inputs, h0)
     assert_close(forward_backward(chunk_gla, inputs, h0), ref, FP32_RTOL)
     assert_close(forward_backward(gla, inputs, h0), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("chunk_size", [8, 16, 32])
-def test_other_chunk_sizes(chunk_size, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4)
+def test_other_chunk_sizes(chunk_size, forward_backward, assert_close):
+    inputs, h0 = make_inputs("gla", 100, HQ=4)
     ref = forward_backward(naive_recurrent_gla, inputs, h0)
     assert_close(forward_backward(chunk_gla, inputs, h0, chunk_size=chunk_size), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("T", [7, 130])
-def test_bf16_inputs_track_fp32_reference(T, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ=4, dtype=torch.bfloat16)
+def test_bf16_inputs_track_fp32_reference(T, forward_backward, assert_close):
+    inputs, h0 = make_inputs("gla", T, HQ=4, dtype=torch.bfloat16)
     out = forward_backward(gla, inputs, h0)
     ref = forward_backward(naive_recurrent_gla, {n: t.float() for n, t in inputs.items()}, h0)
     assert gla(**inputs)[0].dtype == torch.bfloat16
     assert_close(out, ref, BF16_RTOL)
 
 
-def test_no_overflow_for_extreme_decay(make_log_decay, forward_backward, assert_close):
+def test_no_overflow_for_extreme_decay(forward_backward, assert_close):
     """Decays of -40 per step put exp(+2560) within reach of a naive chunk form."""
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+    inputs, h0 = make_inputs("gla", 130, HQ=4)
     inputs["g"] = inputs["g"] * 40 - 40
     ref = forward_backward(naive_recurrent_gla, inputs, h0)
     assert_close(forward_backward(chunk_gla, inputs, h0), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("form, gate", [("factored", "mild"), ("log_space", "mild"), ("log_space", "moderate")])
-def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, make_log_decay, forward_backward,
-                                                assert_close):
+def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, forward_backward, assert_close):
     """The factored form (gates within FACTORED_LOG_RANGE per chunk) and the log-space form each,
     forced by moving the range, against the step loop; the default picks factored for mild gates.
     (Moderate gates sum to about -50 over a chunk: factored, their exp(-b_j) would overflow.)"""
@@ -65,10 +54,10 @@ def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, make_lo
         real = getattr(engine, name)
         monkeypatch.setattr(engine, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     if gate == "mild":
-        chunk_gla(**make_inputs(make_log_decay, 64, HQ=4, gate=gate)[0])
+        chunk_gla(**make_inputs("gla", 64, HQ=4, gate=gate)[0])
         assert calls == ["_intra_chunk_factored"]
     monkeypatch.setattr(engine, "FACTORED_LOG_RANGE", float("inf") if form == "factored" else -1.0)
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4, gate=gate)
+    inputs, h0 = make_inputs("gla", 100, HQ=4, gate=gate)
     ref = forward_backward(naive_recurrent_gla, inputs, h0)
     calls.clear()
     assert_close(forward_backward(chunk_gla, inputs, h0), ref, FP32_RTOL)
@@ -76,8 +65,8 @@ def test_both_intra_chunk_forms_match_reference(form, gate, monkeypatch, make_lo
 
 
 @pytest.mark.parametrize("split", [1, 7, 64, 70])
-def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+def test_state_chaining_equals_one_run(split, assert_close):
+    inputs, h0 = make_inputs("gla", 130, HQ=4)
     full_o, full_state = chunk_gla(**inputs, initial_state=h0, output_final_state=True)
     head = {n: t[:, :split] for n, t in inputs.items()}
     tail = {n: t[:, split:] for n, t in inputs.items()}
@@ -89,9 +78,9 @@ def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
 
 @pytest.mark.parametrize("bounds", [[0, 7, 71, 130], [0, 200, 205, 355, 358, 422]])
 @pytest.mark.parametrize("fn", [gla, chunk_gla])
-def test_packed_sequences_equal_separate_runs(fn, bounds, make_log_decay, forward_backward, assert_close):
+def test_packed_sequences_equal_separate_runs(fn, bounds, forward_backward, assert_close):
     """The second packing's lengths (200, 5, 150, 3, 64) fall into several padded groups."""
-    inputs, _ = make_inputs(make_log_decay, bounds[-1], HQ=4, batch=1)
+    inputs, _ = make_inputs("gla", bounds[-1], HQ=4, batch=1)
     h0 = torch.randn(len(bounds) - 1, H, K, V)
 
     def separate_runs(*tensors, initial_state, output_final_state):
@@ -102,9 +91,9 @@ def test_packed_sequences_equal_separate_runs(fn, bounds, make_log_decay, forwar
     assert_close(packed, forward_backward(separate_runs, inputs, h0), FP32_RTOL)
 
 
-def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward, assert_close, repeat_kv_heads):
+def test_gqa_equals_reference_with_repeated_kv(forward_backward, assert_close, repeat_kv_heads):
     groups = 2
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=H * groups)
+    inputs, h0 = make_inputs("gla", 100, HQ=H * groups)
     out = forward_backward(gla, inputs, h0)
 
     def repeated_reference(q, k, v, g, initial_state, output_final_state):
@@ -115,8 +104,8 @@ def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward,
     assert_close(out, forward_backward(repeated_reference, inputs, h0), FP32_RTOL)
 
 
-def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 3, HQ=4)
+def test_decode_path_without_grad_matches_reference(assert_close):
+    inputs, h0 = make_inputs("gla", 3, HQ=4)
     with torch.no_grad():
         o, final = gla(**inputs, initial_state=h0, output_final_state=True, scale=0.5)
     ref_o, ref_final = naive_recurrent_gla(**inputs, scale=0.5, initial_state=h0, output_final_state=True)
@@ -124,8 +113,8 @@ def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close
     assert_close(final, ref_final, FP32_RTOL, "final state")
 
 
-def test_default_scale_is_inverse_sqrt_head_dim(make_log_decay, assert_close):
-    inputs, _ = make_inputs(make_log_decay, 70)
+def test_default_scale_is_inverse_sqrt_head_dim(assert_close):
+    inputs, _ = make_inputs("gla", 70)
     assert_close(chunk_gla(**inputs)[0], chunk_gla(**inputs, scale=K ** -0.5)[0], 1e-7)
     assert rel_gap(chunk_gla(**inputs)[0], chunk_gla(**inputs, scale=1.0)[0]) > 0.1
 
@@ -135,8 +124,8 @@ def rel_gap(a, b):
 
 
 @pytest.mark.parametrize("fn", [gla, chunk_gla])
-def test_bad_inputs_raise_clear_errors(fn, make_log_decay):
-    inputs, h0 = make_inputs(make_log_decay, 8, HQ=4)
+def test_bad_inputs_raise_clear_errors(fn):
+    inputs, h0 = make_inputs("gla", 8, HQ=4)
     with pytest.raises(ValueError, match="multiple of the 2 key/value heads"):
         fn(**{**inputs, "q": torch.randn(B, 8, 3, K)})
     with pytest.raises(ValueError, match=r"g must have shape \[2, 8, 2, 16\].*use simple_gla"):

@@ -3,74 +3,59 @@ import pytest
 import torch
 
 from t2r.ops import chunk_gsa, gsa, naive_recurrent_gsa
+from tests.helpers.ops import B, H, K, make_inputs
 
-B, H, K, V, M = 2, 2, 16, 32, 8
 FP32_RTOL, BF16_RTOL = 1e-4, 2e-2
-
-
-def make_inputs(make_log_decay, T, HQ=H, gate="moderate", dtype=torch.float32, batch=B, seqs=None):
-    """Write weights s are drawn independently of g: with s = 1 - exp(g) and strong decays
-    every slot would hold the same key, the slot softmax would be flat and dq pure noise."""
-    inputs = {
-        "q": torch.randn(batch, T, HQ, K),
-        "k": torch.randn(batch, T, H, K),
-        "v": torch.randn(batch, T, H, V),
-        "s": torch.rand(batch, T, H, M) * 2,
-        "g": make_log_decay((batch, T, H, M), gate),
-    }
-    n = batch if seqs is None else seqs
-    h0 = (torch.randn(n, H, K, M), torch.randn(n, H, M, V))
-    return {name: t.to(dtype) for name, t in inputs.items()}, h0
 
 
 @pytest.mark.parametrize("gate", ["mild", "strong"])
 @pytest.mark.parametrize("HQ", [2, 4])
 @pytest.mark.parametrize("T", [1, 7, 64, 100, 130])
-def test_chunk_and_public_match_reference_fp32(T, HQ, gate, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ, gate)
+def test_chunk_and_public_match_reference_fp32(T, HQ, gate, forward_backward, assert_close):
+    inputs, h0 = make_inputs("gsa", T, HQ, gate)
     ref = forward_backward(naive_recurrent_gsa, inputs, h0)
     assert_close(forward_backward(chunk_gsa, inputs, h0), ref, FP32_RTOL)
     assert_close(forward_backward(gsa, inputs, h0), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("form", ["factored", "log_space"])
-def test_both_intra_chunk_forms_match_reference(form, monkeypatch, make_log_decay, forward_backward, assert_close):
+def test_both_intra_chunk_forms_match_reference(form, monkeypatch, forward_backward, assert_close):
     """Both passes through the factored form and through the log-space form, forced."""
     from t2r.ops.common import chunk as engine
 
     monkeypatch.setattr(engine, "FACTORED_LOG_RANGE", float("inf") if form == "factored" else -1.0)
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4, gate="mild")
+    inputs, h0 = make_inputs("gsa", 100, HQ=4, gate="mild")
     ref = forward_backward(naive_recurrent_gsa, inputs, h0)
     assert_close(forward_backward(chunk_gsa, inputs, h0), ref, FP32_RTOL)
 
 
-def test_write_weights_tied_to_forgetting(make_log_decay, forward_backward, assert_close):
+def test_write_weights_tied_to_forgetting(forward_backward, assert_close):
     """The GSA layer's parameterisation s = 1 - exp(g), with a non-default chunk size."""
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4)
+    inputs, h0 = make_inputs("gsa", 100, HQ=4)
     inputs["s"] = 1 - inputs["g"].exp()
     ref = forward_backward(naive_recurrent_gsa, inputs, h0)
     assert_close(forward_backward(chunk_gsa, inputs, h0, chunk_size=32), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("T", [7, 130])
-def test_bf16_inputs_track_fp32_reference(T, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ=4, dtype=torch.bfloat16)
+def test_bf16_inputs_track_fp32_reference(T, forward_backward, assert_close):
+    inputs, h0 = make_inputs("gsa", T, HQ=4, dtype=torch.bfloat16)
     out = forward_backward(gsa, inputs, h0)
     ref = forward_backward(naive_recurrent_gsa, {n: t.float() for n, t in inputs.items()}, h0)
     assert gsa(**inputs)[0].dtype == torch.bfloat16
     assert_close(out, ref, BF16_RTOL)
 
 
-def test_no_overflow_for_extreme_decay(make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+def test_no_overflow_for_extreme_decay(forward_backward, assert_close):
+    inputs, h0 = make_inputs("gsa", 130, HQ=4)
     inputs["g"] = inputs["g"] * 40 - 40
     ref = forward_backward(naive_recurrent_gsa, inputs, h0)
     assert_close(forward_backward(chunk_gsa, inputs, h0), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("split", [1, 64, 70])
-def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+def test_state_chaining_equals_one_run(split, assert_close):
+    inputs, h0 = make_inputs("gsa", 130, HQ=4)
     full_o, (full_k, full_v) = chunk_gsa(**inputs, initial_state=h0, output_final_state=True)
     o1, mid = gsa(**{n: t[:, :split] for n, t in inputs.items()}, initial_state=h0, output_final_state=True)
     o2, (last_k, last_v) = gsa(**{n: t[:, split:] for n, t in inputs.items()}, initial_state=mid,
@@ -81,9 +66,9 @@ def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
 
 
 @pytest.mark.parametrize("fn", [gsa, chunk_gsa])
-def test_packed_sequences_equal_separate_runs(fn, make_log_decay, forward_backward, assert_close, state_rows):
+def test_packed_sequences_equal_separate_runs(fn, forward_backward, assert_close, state_rows):
     bounds = [0, 7, 71, 130]
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4, batch=1, seqs=len(bounds) - 1)
+    inputs, h0 = make_inputs("gsa", 130, HQ=4, batch=1, seqs=len(bounds) - 1)
 
     def separate_runs(*tensors, initial_state, output_final_state):
         runs = [naive_recurrent_gsa(*(t[:, a:b] for t in tensors), None, state_rows(initial_state, i, i + 1), True)
@@ -95,9 +80,9 @@ def test_packed_sequences_equal_separate_runs(fn, make_log_decay, forward_backwa
     assert_close(packed, forward_backward(separate_runs, inputs, h0), FP32_RTOL)
 
 
-def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward, assert_close, repeat_kv_heads):
+def test_gqa_equals_reference_with_repeated_kv(forward_backward, assert_close, repeat_kv_heads):
     groups = 2
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=H * groups)
+    inputs, h0 = make_inputs("gsa", 100, HQ=H * groups)
 
     def repeated_reference(q, k, v, s, g, initial_state, output_final_state):
         rep = [repeat_kv_heads(t, groups) for t in (k, v, s, g)]
@@ -108,8 +93,8 @@ def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward,
                  forward_backward(repeated_reference, inputs, h0), FP32_RTOL)
 
 
-def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 1, HQ=4)
+def test_decode_path_without_grad_matches_reference(assert_close):
+    inputs, h0 = make_inputs("gsa", 1, HQ=4)
     with torch.no_grad():
         o, (key_slots, value_slots) = gsa(**inputs, initial_state=list(h0), output_final_state=True)
     ref_o, (ref_k, ref_v) = naive_recurrent_gsa(**inputs, initial_state=h0, output_final_state=True)
@@ -119,8 +104,8 @@ def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close
 
 
 @pytest.mark.parametrize("fn", [gsa, chunk_gsa])
-def test_bad_inputs_raise_clear_errors(fn, make_log_decay):
-    inputs, h0 = make_inputs(make_log_decay, 8, HQ=4)
+def test_bad_inputs_raise_clear_errors(fn):
+    inputs, h0 = make_inputs("gsa", 8, HQ=4)
     with pytest.raises(ValueError, match="multiple of the 2 key/value heads"):
         fn(**{**inputs, "q": torch.randn(B, 8, 3, K)})
     with pytest.raises(ValueError, match=r"g must have shape \[2, 8, 2, 8\]"):

@@ -4,23 +4,22 @@ both intra-chunk forms."""
 import pytest
 import torch
 
-from t2r.ops import (chunk_gla, chunk_gsa, chunk_simple_gla, gla, gsa, naive_recurrent_gla, naive_recurrent_gsa,
-                     naive_recurrent_simple_gla, simple_gla)
+from t2r.ops import (
+    chunk_gla,
+    chunk_gsa,
+    chunk_simple_gla,
+    gla,
+    gsa,
+    naive_recurrent_gla,
+    naive_recurrent_gsa,
+    naive_recurrent_simple_gla,
+    simple_gla,
+)
+from tests.helpers.ops import V, make_inputs
 
-H, HQ, K, V, M = 2, 4, 16, 32, 8
+HQ = 4
 # a boundary on a chunk start (64), sequences of 1 and 5 steps, one spanning three chunks, one ending the row
 BOUNDS = [0, 5, 64, 134, 135, 300, 301, 330]
-
-
-def make(op, make_log_decay, gate):
-    T = BOUNDS[-1]
-    inputs = {"q": torch.randn(1, T, HQ, K), "k": torch.randn(1, T, H, K), "v": torch.randn(1, T, H, V)}
-    if op == "gsa":
-        inputs["s"] = torch.rand(1, T, H, M) * 2
-        inputs["g"] = make_log_decay((1, T, H, M), gate)
-    else:
-        inputs["g"] = make_log_decay((1, T, H) if op == "simple_gla" else (1, T, H, K), gate)
-    return {n: t.requires_grad_(True) for n, t in inputs.items()}
 
 
 OPS = {"gla": (gla, chunk_gla, naive_recurrent_gla), "simple_gla": (simple_gla, chunk_simple_gla,
@@ -30,10 +29,10 @@ OPS = {"gla": (gla, chunk_gla, naive_recurrent_gla), "simple_gla": (simple_gla, 
 @pytest.mark.parametrize("gate", ["mild", "moderate"])
 @pytest.mark.parametrize("public", [True, False])
 @pytest.mark.parametrize("op", list(OPS))
-def test_packed_row_equals_separate_sequences(op, public, gate, make_log_decay, assert_close):
+def test_packed_row_equals_separate_sequences(op, public, gate, assert_close):
     fn = OPS[op][0] if public else OPS[op][1]
     reference = OPS[op][2]
-    inputs = make(op, make_log_decay, gate)
+    inputs = {n: t.requires_grad_(True) for n, t in make_inputs(op, BOUNDS[-1], HQ, gate, batch=1)[0].items()}
     cotangent = torch.randn(1, BOUNDS[-1], HQ, V)
     packed, _ = fn(**inputs, cu_seqlens=torch.tensor(BOUNDS))
     grads = torch.autograd.grad((packed * cotangent).sum(), list(inputs.values()))

@@ -3,34 +3,24 @@ import pytest
 import torch
 
 from t2r.ops import chunk_simple_gla, naive_recurrent_gla, naive_recurrent_simple_gla, simple_gla
+from tests.helpers.ops import B, H, K, V, make_inputs
 
-B, H, K, V = 2, 2, 16, 32
 FP32_RTOL, BF16_RTOL = 1e-4, 2e-2
-
-
-def make_inputs(make_log_decay, T, HQ=H, gate="moderate", dtype=torch.float32, batch=B):
-    inputs = {
-        "q": torch.randn(batch, T, HQ, K),
-        "k": torch.randn(batch, T, H, K),
-        "v": torch.randn(batch, T, H, V),
-        "g": make_log_decay((batch, T, H), gate),
-    }
-    return {name: t.to(dtype) for name, t in inputs.items()}, torch.randn(batch, H, K, V)
 
 
 @pytest.mark.parametrize("gate", ["mild", "strong"])
 @pytest.mark.parametrize("HQ", [2, 4])
 @pytest.mark.parametrize("T", [1, 7, 64, 100, 130])
-def test_chunk_and_public_match_reference_fp32(T, HQ, gate, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ, gate)
+def test_chunk_and_public_match_reference_fp32(T, HQ, gate, forward_backward, assert_close):
+    inputs, h0 = make_inputs("simple_gla", T, HQ, gate)
     ref = forward_backward(naive_recurrent_simple_gla, inputs, h0)
     assert_close(forward_backward(chunk_simple_gla, inputs, h0), ref, FP32_RTOL)
     assert_close(forward_backward(simple_gla, inputs, h0), ref, FP32_RTOL)
 
 
-def test_scalar_gate_equals_gla_with_broadcast_gate(make_log_decay, assert_close):
+def test_scalar_gate_equals_gla_with_broadcast_gate(assert_close):
     """simple_gla is GLA whose key-channel decays are all equal."""
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4)
+    inputs, h0 = make_inputs("simple_gla", 100, HQ=4)
     o, final = simple_gla(**inputs, initial_state=h0, output_final_state=True)
     g_k = inputs["g"][..., None].expand(-1, -1, -1, K)
     ref_o, ref_final = naive_recurrent_gla(inputs["q"], inputs["k"], inputs["v"], g_k,
@@ -54,31 +44,31 @@ def test_retnet_constant_decay_matches_parallel_form(assert_close):
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])
-def test_other_chunk_sizes(chunk_size, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=4)
+def test_other_chunk_sizes(chunk_size, forward_backward, assert_close):
+    inputs, h0 = make_inputs("simple_gla", 100, HQ=4)
     ref = forward_backward(naive_recurrent_simple_gla, inputs, h0)
     assert_close(forward_backward(chunk_simple_gla, inputs, h0, chunk_size=chunk_size), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("T", [7, 130])
-def test_bf16_inputs_track_fp32_reference(T, make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, T, HQ=4, dtype=torch.bfloat16)
+def test_bf16_inputs_track_fp32_reference(T, forward_backward, assert_close):
+    inputs, h0 = make_inputs("simple_gla", T, HQ=4, dtype=torch.bfloat16)
     out = forward_backward(simple_gla, inputs, h0)
     ref = forward_backward(naive_recurrent_simple_gla, {n: t.float() for n, t in inputs.items()}, h0)
     assert simple_gla(**inputs)[0].dtype == torch.bfloat16
     assert_close(out, ref, BF16_RTOL)
 
 
-def test_no_overflow_for_extreme_decay(make_log_decay, forward_backward, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+def test_no_overflow_for_extreme_decay(forward_backward, assert_close):
+    inputs, h0 = make_inputs("simple_gla", 130, HQ=4)
     inputs["g"] = inputs["g"] * 40 - 40
     ref = forward_backward(naive_recurrent_simple_gla, inputs, h0)
     assert_close(forward_backward(chunk_simple_gla, inputs, h0), ref, FP32_RTOL)
 
 
 @pytest.mark.parametrize("split", [1, 64, 70])
-def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 130, HQ=4)
+def test_state_chaining_equals_one_run(split, assert_close):
+    inputs, h0 = make_inputs("simple_gla", 130, HQ=4)
     full_o, full_state = chunk_simple_gla(**inputs, initial_state=h0, output_final_state=True)
     o1, mid = simple_gla(**{n: t[:, :split] for n, t in inputs.items()}, initial_state=h0,
                          output_final_state=True)
@@ -89,9 +79,9 @@ def test_state_chaining_equals_one_run(split, make_log_decay, assert_close):
 
 
 @pytest.mark.parametrize("fn", [simple_gla, chunk_simple_gla])
-def test_packed_sequences_equal_separate_runs(fn, make_log_decay, forward_backward, assert_close):
+def test_packed_sequences_equal_separate_runs(fn, forward_backward, assert_close):
     bounds = [0, 7, 71, 130]
-    inputs, _ = make_inputs(make_log_decay, 130, HQ=4, batch=1)
+    inputs, _ = make_inputs("simple_gla", 130, HQ=4, batch=1)
     h0 = torch.randn(len(bounds) - 1, H, K, V)
 
     def separate_runs(*tensors, initial_state, output_final_state):
@@ -102,9 +92,9 @@ def test_packed_sequences_equal_separate_runs(fn, make_log_decay, forward_backwa
     assert_close(packed, forward_backward(separate_runs, inputs, h0), FP32_RTOL)
 
 
-def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward, assert_close, repeat_kv_heads):
+def test_gqa_equals_reference_with_repeated_kv(forward_backward, assert_close, repeat_kv_heads):
     groups = 2
-    inputs, h0 = make_inputs(make_log_decay, 100, HQ=H * groups)
+    inputs, h0 = make_inputs("simple_gla", 100, HQ=H * groups)
 
     def repeated_reference(q, k, v, g, initial_state, output_final_state):
         o, final = naive_recurrent_simple_gla(
@@ -115,8 +105,8 @@ def test_gqa_equals_reference_with_repeated_kv(make_log_decay, forward_backward,
                  forward_backward(repeated_reference, inputs, h0), FP32_RTOL)
 
 
-def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close):
-    inputs, h0 = make_inputs(make_log_decay, 2, HQ=4)
+def test_decode_path_without_grad_matches_reference(assert_close):
+    inputs, h0 = make_inputs("simple_gla", 2, HQ=4)
     with torch.no_grad():
         o, final = simple_gla(**inputs, initial_state=h0, output_final_state=True)
     ref_o, ref_final = naive_recurrent_simple_gla(**inputs, initial_state=h0, output_final_state=True)
@@ -125,8 +115,8 @@ def test_decode_path_without_grad_matches_reference(make_log_decay, assert_close
 
 
 @pytest.mark.parametrize("fn", [simple_gla, chunk_simple_gla])
-def test_bad_inputs_raise_clear_errors(fn, make_log_decay):
-    inputs, h0 = make_inputs(make_log_decay, 8, HQ=4)
+def test_bad_inputs_raise_clear_errors(fn):
+    inputs, h0 = make_inputs("simple_gla", 8, HQ=4)
     with pytest.raises(ValueError, match="multiple of the 2 key/value heads"):
         fn(**{**inputs, "q": torch.randn(B, 8, 5, K)})
     with pytest.raises(ValueError, match=r"g must have shape \[2, 8, 2\].*use gla"):

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_support import CUDA, INTERPRET, require_triton
-from triton_support import DEV as DEVICE
+from tests.helpers.ops import rel_err
+from tests.helpers.triton import CUDA, INTERPRET, require_triton
+from tests.helpers.triton import DEV as DEVICE
 
 require_triton()
 
@@ -59,10 +60,6 @@ def run(fn, q, k, v, g, do, dtype, **kw):
     return [o.float()] + [t.grad.float() for t in ins]
 
 
-def rel(a, b):
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-
 def check(shape, dtype, tol, seed=0, cu_seqlens=None, mask=None, gate_shift=2.0):
     (q, k, v, g, do), _ = make(*shape, dtype=dtype, seed=seed, gate_shift=gate_shift)
     kw = dict(cu_seqlens=cu_seqlens, attention_mask=mask)
@@ -71,7 +68,7 @@ def check(shape, dtype, tol, seed=0, cu_seqlens=None, mask=None, gate_shift=2.0)
     ref = run(naive_forgetting_attention, *(t.to(dtype).float() for t in (q, k, v)), g, do, torch.float32, **kw)
     for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), got, ref):
         assert torch.isfinite(a).all(), f"{name} has non-finite values"
-        e = rel(a, b)
+        e = rel_err(a, b)
         assert e < tol, f"{name}: rel err {e:.2e} >= {tol:.0e} ({shape}, {dtype})"
 
 
@@ -196,7 +193,7 @@ def test_dispatch(monkeypatch):
     o = forgetting_attention(q, k, v, g)
     assert calls, "the dispatcher did not call the Triton kernel"
     ref = naive_forgetting_attention(q.float(), k.float(), v.float(), g)
-    assert rel(o.float(), ref) < DTYPES[0][1]
+    assert rel_err(o.float(), ref) < DTYPES[0][1]
 
 
 @pytest.mark.parametrize("layout", ["plain", "packed", "padded"])

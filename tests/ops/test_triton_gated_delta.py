@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_support import DEV, INTERPRET, checked_memory, require_triton
+from tests.helpers.triton import DEV, INTERPRET, checked_memory, require_triton
 
 require_triton()
 

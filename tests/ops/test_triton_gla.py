@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_support import DEV, INTERPRET, require_triton
+from tests.helpers.ops import rel_err
+from tests.helpers.triton import DEV, INTERPRET, require_triton
 
 require_triton()
 
@@ -92,14 +93,9 @@ def run(fn, d, dtype, cu_seqlens=None, **kw):
     return out
 
 
-def rel(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 def check(out, ref, tol, strong=False):
     assert out.keys() == ref.keys()
-    errs = {key: rel(out[key], ref[key]) for key in ref}
+    errs = {key: rel_err(out[key], ref[key]) for key in ref}
     if strong:
         # dg = reverse cumsum of q*dq - k*dk (the form every chunked kernel uses): with gates
         # near -8 per step the true dg is ~1e-3 of those terms, so judge its error on their scale.
@@ -169,7 +165,7 @@ def test_no_initial_state_and_no_final_grad(op):
     o2, _ = op.naive(q2, k2, v2, g2)
     o2.mul(d["do"].to(DEV)).sum().backward()
     for a, b in [(o, o2), (q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad), (g.grad, g2.grad)]:
-        assert rel(a, b) < TOL32
+        assert rel_err(a, b) < TOL32
 
 
 def test_state_chaining(op):
@@ -180,8 +176,8 @@ def test_state_chaining(op):
     part = lambda t, a, b: t[:, a:b]  # noqa: E731
     o1, h1 = op.chunk(*(part(dev[n], 0, cut) for n in "qkvg"), initial_state=dev["h0"], output_final_state=True)
     o2, h2 = op.chunk(*(part(dev[n], cut, None) for n in "qkvg"), initial_state=h1, output_final_state=True)
-    assert rel(torch.cat([o1, o2], 1), o) < TOL32
-    assert rel(h2, ht) < TOL32
+    assert rel_err(torch.cat([o1, o2], 1), o) < TOL32
+    assert rel_err(h2, ht) < TOL32
 
 
 @pytest.mark.parametrize("segments", [2, 3])
@@ -224,13 +220,13 @@ def test_recurrent_step(op, T, dims):
     dev = {n: d[n].to(DEV) for n in ("q", "k", "v", "g", "h0")}
     o, ht = op.recurrent(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
     o2, ht2 = op.naive(dev["q"], dev["k"], dev["v"], dev["g"], initial_state=dev["h0"], output_final_state=True)
-    assert rel(o, o2) < 1e-5 and rel(ht, ht2) < 1e-5
+    assert rel_err(o, o2) < 1e-5 and rel_err(ht, ht2) < 1e-5
     # packed sequences: same as separate runs
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=DEV)
     pack = lambda t: t[:2].reshape(1, 2 * T, *t.shape[2:])  # noqa: E731
     o3, ht3 = op.recurrent(*(pack(dev[n]) for n in "qkvg"), initial_state=dev["h0"][:2],
                            output_final_state=True, cu_seqlens=cu)
-    assert rel(o3, pack(o2)) < 1e-5 and rel(ht3, ht2[:2]) < 1e-5
+    assert rel_err(o3, pack(o2)) < 1e-5 and rel_err(ht3, ht2[:2]) < 1e-5
 
 
 @pytest.mark.skipif(INTERPRET, reason="GPU only")
@@ -240,7 +236,7 @@ def test_recurrent_step_bf16(op):
     qkv = [dev[n].bfloat16() for n in "qkv"]
     o, ht = op.recurrent(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
     o2, ht2 = op.naive(*qkv, dev["g"], initial_state=dev["h0"], output_final_state=True)
-    assert o.dtype == torch.bfloat16 and rel(o, o2) < 1e-2 and rel(ht, ht2) < 1e-5
+    assert o.dtype == torch.bfloat16 and rel_err(o, o2) < 1e-2 and rel_err(ht, ht2) < 1e-5
 
 
 @pytest.mark.skipif(INTERPRET, reason="GPU config check")

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_support import CUDA, DEV, require_triton
+from tests.helpers.ops import rel_err
+from tests.helpers.triton import CUDA, DEV, require_triton
 
 require_triton()
 
@@ -21,12 +22,6 @@ from t2r.ops.gsa.naive import naive_recurrent_gsa  # noqa: E402
 
 FP32_TOL = 1e-2 if CUDA else 1e-4      # tf32 dots on the GPU (seen: 2e-3 to 4e-3 at D64-128)
 BF16_TOL = 3e-2
-
-
-def rel(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    d = b.norm().item()
-    return (a - b).norm().item() / (d if d > 0 else 1.0)
 
 
 def make(B, T, HQ, H, K, V, M, gate="moderate", seed=0, h0=True, tied=False, n_state=None):
@@ -82,7 +77,7 @@ def check(out, ref, tol, dg_scale=None):
     assert out.keys() == ref.keys()
     for n in ref:
         assert torch.isfinite(out[n]).all(), f"{n}: non-finite"
-        err = rel(out[n], ref[n])
+        err = rel_err(out[n], ref[n])
         if n == "dg" and dg_scale is not None:
             err = (out[n] - ref[n]).double().norm().item() / dg_scale
         limit = DG_BF16_TOL if n == "dg" and tol == BF16_TOL else tol
@@ -182,8 +177,8 @@ def test_state_chaining(split):
                                   output_final_state=True)
     o2, (lk, lv) = tc.chunk_gsa_triton(**{n: t[:, split:] for n, t in inputs.items()}, initial_state=mid,
                                        output_final_state=True)
-    assert rel(torch.cat([o1, o2], 1), o) < FP32_TOL
-    assert rel(lk, fk) < FP32_TOL and rel(lv, fv) < FP32_TOL
+    assert rel_err(torch.cat([o1, o2], 1), o) < FP32_TOL
+    assert rel_err(lk, fk) < FP32_TOL and rel_err(lv, fv) < FP32_TOL
 
 
 def _separate(bounds):
@@ -235,7 +230,7 @@ def test_recurrent_matches_reference(T, cu):
                                                         cu_seqlens=torch.tensor(cu, device=DEV))
             ro, (rk, rv) = _separate(cu)(*dev_in.values(), dev_state, True)
     for a, b in ((o, ro), (fk, rk), (fv, rv)):
-        assert rel(a, b) < 1e-4
+        assert rel_err(a, b) < 1e-4
 
 
 # ---------------------------------------------------------------- GPU only: real shapes, bf16
@@ -298,7 +293,7 @@ def test_gpu_recurrent_bf16():
     with torch.no_grad():
         o, (fk, fv) = tr.fused_recurrent_gsa_triton(**dev_in, initial_state=dev_state, output_final_state=True)
         ro, (rk, rv) = naive(**dev_in, initial_state=dev_state)
-    assert rel(o, ro) < 1e-2 and rel(fk, rk) < 1e-4 and rel(fv, rv) < 1e-4
+    assert rel_err(o, ro) < 1e-2 and rel_err(fk, rk) < 1e-4 and rel_err(fv, rv) < 1e-4
 
 
 @gpu

@@ -1,9 +1,9 @@
 """The shared reverse cumulative sum of the gate gradients (t2r/ops/triton_utils.py) vs torch; the
-interpreter's address check of the kernel tests (triton_support.checked_memory)."""
+interpreter's address check of the kernel tests (tests.helpers.triton.checked_memory)."""
 import pytest
 import torch
 
-from triton_support import DEV, INTERPRET, OutOfBounds, checked_memory, require_triton
+from tests.helpers.triton import DEV, INTERPRET, OutOfBounds, checked_memory, require_triton
 
 triton = require_triton()
 

@@ -1,6 +1,5 @@
 """t2r.ops.utils: grouping of packed sequences and recomputation in backward."""
 import torch
-
 from torch.utils.checkpoint import checkpoint
 
 from t2r.ops.utils import _length_groups, recompute_in_backward, saved_tensors_managed

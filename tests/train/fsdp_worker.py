@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import t2r
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
-CASES = {"gsa": dict(num_slots=4), "gla": {}, "retnet": {}, "fox": {}, "gdn": {}, "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
+CASES = {"gsa": dict(num_slots=4), "gla": {}, "retnet": {}, "fox": {}, "gdn": {},
+         "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
 FLOAT64 = {"gdn"}
 """Cases run in float64: through gdn's L2-normalised q and k, three SGD steps at lr 0.5 amplify the fp32 rounding of
 the other reduction order to 1.7e-5 in the embeddings (above the tolerance); in float64 both runs agree to 4e-16."""

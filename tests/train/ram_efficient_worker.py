@@ -5,10 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from tests.train.conftest import recipe
+from tests.helpers.recipes import recipe
 
 
 def main(tmp: str, source_dir: str, corpus: str) -> None:

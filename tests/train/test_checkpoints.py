@@ -17,7 +17,7 @@ import yaml
 from t2r.train import CheckpointError, finetune
 from t2r.train import checkpoint as ckpt
 from t2r.train.safe_load import RestrictedUnpickler, no_code_from_disk
-from tests.train.conftest import final_weights, recipe
+from tests.helpers.recipes import final_weights, recipe
 
 
 class Payload:
@@ -83,7 +83,8 @@ def test_no_intact_checkpoint_refuses_to_resume(tmp_path, source_dir, corpus, fi
     r = copy_run(finished, tmp_path, source_dir, corpus)
     for step in ("step-00000003", "step-00000006"):
         flip_bytes(tmp_path / "run" / step / "optimizer.bin")
-    with pytest.raises(CheckpointError, match=r"no intact checkpoint in .* to resume from \(step-00000006, step-00000003 damaged"):
+    damaged = r"no intact checkpoint in .* to resume from \(step-00000006, step-00000003 damaged"
+    with pytest.raises(CheckpointError, match=damaged):
         finetune(r, resume=True)
     assert not (tmp_path / "run" / "final").exists()
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from t2r.train import finetune
-from tests.train.conftest import recipe, torchrun_failure
+from tests.helpers.recipes import recipe, torchrun_failure
 
 
 def test_two_processes_equal_one(tmp_path, source_dir, corpus):

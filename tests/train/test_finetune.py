@@ -7,9 +7,10 @@ import torch
 
 from t2r.train import Interrupt, finetune
 from t2r.train import checkpoint as ckpt
-from tests.data.conftest import char_tokenizer
-from tests.models.conftest import tiny_source
-from tests.train.conftest import final_weights, recipe
+from tests.helpers.data import char_tokenizer
+from tests.helpers.models import tiny_source
+from tests.helpers.recipes import final_weights, recipe
+
 
 def test_loss_goes_down(tmp_path, source_dir, corpus):
     losses = []
@@ -81,9 +82,9 @@ def _align(student, teacher, batches, lr, trainable="attention", autocast=None):
     stage's own loss function and optimizer; `trainable`: attention (the converted attention modules) or gates."""
     import contextlib
 
+    from t2r.optim import build_optimizer
     from t2r.train.losses import stage_loss
     from t2r.train.model_setup import new_modules
-    from t2r.optim import build_optimizer
     from t2r.train.recipe import StageSection
     from t2r.train.transfer import AttentionTargets
 
@@ -221,7 +222,7 @@ def test_reused_source_norms_are_not_new_gates():
     """Qwen3's q/k norms live in the converted layer but are the source's: `gates` never trains them."""
     import t2r
     from t2r.train.model_setup import new_module_names
-    from tests.models.conftest import tiny_source as tiny_any
+    from tests.helpers.models import tiny_source as tiny_any
 
     assert new_module_names(t2r.convert(tiny_any("qwen3"), "gsa")) == ["slot_gate"]
     assert new_module_names(t2r.convert(tiny_any("qwen3"), "retnet")) == []

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.recipes import torchrun_failure
 from tests.train import fsdp_worker
-from tests.train.conftest import torchrun_failure
 
 
 def test_fully_sharded_training_equals_one_process(tmp_path):

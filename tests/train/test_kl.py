@@ -26,7 +26,9 @@ def make(shape, dtype=torch.float32, seed=0):
 
 
 def autocast_or_not(dtype):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else torch.autocast("cpu", enabled=False)
+    if dtype == torch.bfloat16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
 
 
 def plain(hidden, weight, t_hidden, t_weight, t, dtype, **kw):
@@ -150,7 +152,7 @@ def test_a_distill_stage_trains_the_same_with_the_fused_kl(tmp_path, source_dir,
     import json
 
     from t2r.train import finetune
-    from tests.train.conftest import recipe
+    from tests.helpers.recipes import recipe
 
     runs = {}
     for fused in (True, False):

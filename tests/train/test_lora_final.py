@@ -16,9 +16,9 @@ from t2r.sources import load_source
 from t2r.train import RecipeError, finetune
 from t2r.train.export import merged_lora_state_dict
 from t2r.train.model_setup import check_lora_targets
-from tests.data.conftest import char_tokenizer
-from tests.models.conftest import tiny_source
-from tests.train.conftest import recipe
+from tests.helpers.data import char_tokenizer
+from tests.helpers.models import tiny_source
+from tests.helpers.recipes import recipe
 
 
 def lora_model(seed=0):

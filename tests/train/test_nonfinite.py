@@ -13,7 +13,7 @@ import t2r.train.stages as stages
 from t2r.cli import main
 from t2r.train import NonFiniteError, finetune
 from t2r.train import checkpoint as ckpt
-from tests.train.conftest import recipe
+from tests.helpers.recipes import recipe
 
 
 def inject_nan(monkeypatch, steps):

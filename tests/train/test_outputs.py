@@ -18,9 +18,9 @@ from transformers.utils import logging as hf_logging
 from t2r.outputs import follow_umask, quiet_libraries
 from t2r.train import Interrupt, RunDirError, finetune, logs
 from t2r.train import checkpoint as ckpt
-from tests.data.conftest import char_tokenizer
-from tests.models.conftest import tiny_source
-from tests.train.conftest import recipe
+from tests.helpers.data import char_tokenizer
+from tests.helpers.models import tiny_source
+from tests.helpers.recipes import recipe
 
 UMASK = 0o027
 

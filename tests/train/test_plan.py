@@ -5,7 +5,7 @@ import pytest
 from t2r.sources import load_config
 from t2r.train.model_setup import build_model, trainable_parameters
 from t2r.train.plan import count_parameters, format_plan, memory_rows
-from tests.train.conftest import recipe
+from tests.helpers.recipes import recipe
 
 
 @pytest.mark.parametrize("overrides", [

@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from t2r.train.recipe import Recipe, RecipeError, load_recipe, save_resolved
+from t2r.train.recipe import RecipeError, load_recipe, save_resolved
+from tests.helpers.recipes import make_recipe as make
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-BASE = ["model.source=smollm2", "convert.target=gsa", "data.path=org/dataset",
-        "train.tokens_per_step=4096", "train.max_steps=10"]
-
-
-def make(*overrides, check_files=True) -> Recipe:
-    return load_recipe(None, ["name=t", *BASE, *overrides], check_files=check_files)
 
 
 def error(*overrides, check_files=True) -> str:
@@ -75,7 +70,8 @@ def test_smollm2_recipes():
     assert (cpu.train.tokens_per_step, cpu.train.micro_batch_size, cpu.total_steps) == (1024, 4, 20)
     assert (cpu.train.lr, cpu.train.warmup_steps, cpu.train.mixed_precision) == (1e-3, 5, "no")
     assert cpu.grad_accum_steps(1) == 1
-    with pytest.raises(RecipeError, match=r"data.path: not found: no-such-dir/train.jsonl \(no such file or directory in "):
+    missing = r"data.path: not found: no-such-dir/train.jsonl \(no such file or directory in "
+    with pytest.raises(RecipeError, match=missing):
         load_recipe(RECIPES / "smollm2-gsa-cpu.yaml", ["data.path=no-such-dir/train.jsonl"])
     h100 = load_recipe(RECIPES / "smollm2-gsa-h100.yaml", check_files=False)
     assert (h100.data.seq_len, h100.train.tokens_per_step, h100.train.micro_batch_size) == (2048, 65536, 8)
@@ -129,7 +125,8 @@ def test_defaults_and_override_types(wandb_installed):
     (["model.dtype=float16", "train.mixed_precision='no'"], "model.dtype: float16 weights trained without mixed"),
     (["train.max_nonfinite_steps=0"], "train.max_nonfinite_steps: must be >= 1, got 0"),
     (["train.tokens_per_step=-4096"], "train.tokens_per_step: must be >= 1, got -4096"),
-    (["train.tokens_per_step=3000"], "train.tokens_per_step: 3000 tokens is not a positive multiple of data.seq_len (2048)"),
+    (["train.tokens_per_step=3000"],
+     "train.tokens_per_step: 3000 tokens is not a positive multiple of data.seq_len (2048)"),
     (["train.lr=0"], "train.lr: must be > 0"),
     (["convert.target=none", "convert.options.num_slots=8"], "convert.options: needs converted layers"),
     (["convert.target=none", "stages.distill.weight=1"], "stages[0] (distill).loss: kl compares against the"),

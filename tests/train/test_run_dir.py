@@ -15,11 +15,12 @@ import torch
 from t2r.train import RunDirError, finetune
 from t2r.train import checkpoint as ckpt
 from t2r.train.run_dir import RunLock, holder
-from tests.train.conftest import final_weights, recipe
+from tests.helpers.recipes import final_weights, recipe
 
 # Runs the recipe in a child process and stops it, holding the run directory's lock, at a chosen point:
 # after optimizer step N (`after-step-N`), while checkpoint N is being written, before its manifest
-# (`mid-save-N`), or once final/ is written aside but not yet renamed into place (`mid-final-N`). It then writes its pid to the `ready` file and sleeps until the test kills it.
+# (`mid-save-N`), or once final/ is written aside but not yet renamed into place (`mid-final-N`). It then writes
+# its pid to the `ready` file and sleeps until the test kills it.
 CHILD = """
 import os, sys, time
 from pathlib import Path

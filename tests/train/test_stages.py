@@ -14,7 +14,7 @@ from t2r.train import CheckpointError, Interrupt, finetune, load_recipe
 from t2r.train import checkpoint as ckpt
 from t2r.train.recipe import RecipeError
 from t2r.train.stages import describe
-from tests.train.conftest import final_weights, recipe, torchrun_failure
+from tests.helpers.recipes import final_weights, recipe, torchrun_failure
 
 ALIGN = {"name": "align", "loss": "attention_mse", "steps": 2, "lr": 1.0e-3, "warmup_steps": 0,
          "schedule": "constant", "trainable": "gates"}
@@ -99,11 +99,11 @@ def test_a_longer_sequence_in_a_later_stage_takes_effect(tmp_path, source_dir, c
 
 def test_a_stage_trains_only_its_trainable_set(tmp_path, source_dir, corpus):
     """align trains the gates only: after it (checkpoint of its last step) nothing else has moved."""
-    import t2r
     from safetensors.torch import load_file
 
-    from tests.data.conftest import char_tokenizer
-    from tests.models.conftest import tiny_source
+    import t2r
+    from tests.helpers.data import char_tokenizer
+    from tests.helpers.models import tiny_source
 
     r = staged(tmp_path, source_dir, corpus, stages=[ALIGN, dict(FINETUNE, tokens=128)],
                **{"checkpoint.keep_last": 5, "data.held_out": 0})

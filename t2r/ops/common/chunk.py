@@ -45,11 +45,10 @@ GQA: q is viewed as [.., H, G, K] and the G query heads of a group share the
 kv head's state in every matmul; k/v/gates/state are never repeated.
 """
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
-
 
 __all__ = ["chunk_gated_linear_attention"]
 
@@ -205,8 +204,9 @@ def _intra_chunk_factored(q, q_from_start, k, v, g, key_prefix, value_prefix, sa
     q_from_start = Q (.) exp(b^k) (already formed for the inter-chunk part); key_prefix / value_prefix
     are the in-chunk prefix sums b^k [.., C, K] / b^v [.., C, V] or None; g [.., C, 1] a scalar decay
     or None. For j < i, P_ij = sum_k (q_ik e^{b_ik}) (k_jk e^{-b_jk}), and with a value-side decay
-    o_iv = e^{b_iv} sum_{j<i} P_ij (v_jv e^{-b_jv}); `same` masks pairs across packed sequences. The diagonal (decay exactly 1) is added apart,
-    as q_i . k_i times v_i, so it carries no rounding of the factors and sends no gradient to the gates.
+    o_iv = e^{b_iv} sum_{j<i} P_ij (v_jv e^{-b_jv}); `same` masks pairs across packed sequences. The diagonal
+    (decay exactly 1) is added apart, as q_i . k_i times v_i, so it carries no rounding of the factors and sends
+    no gradient to the gates.
     """
     C = k.shape[-2]
     k_ref = k if key_prefix is None else k * (-key_prefix).exp()
@@ -223,7 +223,7 @@ def _intra_chunk_factored(q, q_from_start, k, v, g, key_prefix, value_prefix, sa
     return out * value_prefix.exp().unsqueeze(-2) + diag
 
 
-def _factored_fits(*prefixes: Optional[torch.Tensor]) -> bool:
+def _factored_fits(*prefixes: torch.Tensor | None) -> bool:
     """True when every chunk's total per-channel log decay is >= -FACTORED_LOG_RANGE."""
     for prefix in prefixes:
         if prefix is not None and prefix.numel() and bool(prefix[..., -1, :].min() < -FACTORED_LOG_RANGE):
@@ -291,15 +291,15 @@ def chunk_gated_linear_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    g: Optional[torch.Tensor] = None,
-    gk: Optional[torch.Tensor] = None,
-    gv: Optional[torch.Tensor] = None,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
     scale: float,
-    initial_state: Optional[torch.Tensor] = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-    segments: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    segments: torch.Tensor | None = None,
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Engine for one batch of equal-length rows (no checks).
 
     q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V]; g [B,T,H], gk [B,T,H,K], gv [B,T,H,V]

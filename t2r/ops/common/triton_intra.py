@@ -97,7 +97,8 @@ def _bwd_dv_kernel(
         i_hq = i_h * G + i_g
         b_At = tl.zeros([BT, BT], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):
-            p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+            p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, i_k * BK),
+                                    (BT, BK), (1, 0))
             p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
             b_q = tl.load(p_q, boundary_check=(0, 1))
             b_k = tl.load(p_k, boundary_check=(0, 1))
@@ -105,14 +106,16 @@ def _bwd_dv_kernel(
             if SCALAR:
                 b_At += tl.dot(b_k, tl.trans(b_qs.to(b_q.dtype)))
             else:
-                p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+                p_g = tl.make_block_ptr(g + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK),
+                                        (BT, BK), (1, 0))
                 b_b = tl.cumsum(tl.load(p_g, boundary_check=(0, 1)).to(tl.float32) * _LOG2E, axis=0)
                 b_At = _gated_scores(b_At, b_qs, b_k, b_b, BT, BS, True)
         if SCALAR:
             b_At = tl.where(m_t, b_At * tl.exp2(b_b[None, :] - b_b[:, None]), 0.)
         else:
             b_At = tl.where(m_t, b_At, 0.)
-        p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV),
+                                 (BT, BV), (1, 0))
         b_do = tl.load(p_do, boundary_check=(0, 1))
         b_dv += tl.dot(b_At.to(b_do.dtype), b_do)
     p_dv = tl.make_block_ptr(dv + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -179,7 +182,8 @@ def _bwd_dqk_kernel(
         b_dAt = tl.zeros([BT, BT], dtype=tl.float32)
         for i_v in range(tl.cdiv(V, BV)):
             p_v = tl.make_block_ptr(v + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-            p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+            p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV),
+                                     (BT, BV), (1, 0))
             p_h = tl.make_block_ptr(h + (i_c * H + i_h) * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
             b_v = tl.load(p_v, boundary_check=(0, 1))
             b_do = tl.load(p_do, boundary_check=(0, 1))
@@ -221,7 +225,8 @@ def _bwd_dqk_kernel(
             b_dG += b_q.to(tl.float32) * b_dq
         b_dq += b_dAd[:, None] * b_k.to(tl.float32) * scale
         b_dkd += b_dAd[:, None] * b_qs
-        p_dq = tl.make_block_ptr(dq + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+        p_dq = tl.make_block_ptr(dq + (bos * HQ + i_hq) * K, (T, K), (HQ * K, 1), (i_t * BT, i_k * BK),
+                                 (BT, BK), (1, 0))
         tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
 
     p_dk = tl.make_block_ptr(dk + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))

@@ -120,8 +120,10 @@ def _bwd_dh_kernel(
         b_dsum += b_gl
         for i_g in range(G):
             i_hq = i_h * G + i_g
-            p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (K, T), (1, HQ * K), (i_k * BK, i_t * BT), (BK, BT), (0, 1))
-            p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+            p_q = tl.make_block_ptr(q + (bos * HQ + i_hq) * K, (K, T), (1, HQ * K), (i_k * BK, i_t * BT),
+                                    (BK, BT), (0, 1))
+            p_do = tl.make_block_ptr(do + (bos * HQ + i_hq) * V, (T, V), (HQ * V, 1), (i_t * BT, i_v * BV),
+                                     (BT, BV), (1, 0))
             b_q = tl.load(p_q, boundary_check=(0, 1))
             b_do = tl.load(p_do, boundary_check=(0, 1))
             b_dh += tl.dot((b_q * b_e).to(b_q.dtype), b_do)

@@ -7,7 +7,6 @@
 (bottom-right causal), so the same call serves training (Tq == Tk) and
 decoding against a KV cache (Tq small).
 """
-from typing import Optional
 
 import torch
 
@@ -69,9 +68,9 @@ def forgetting_attention(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    attention_mask: Optional[torch.Tensor] = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Forgetting Attention. q [B,Tq,HQ,K], k [B,Tk,H,K], v [B,Tk,H,V], g [B,Tk,HQ].
 

@@ -9,14 +9,13 @@ instead of O(Tq x Tk); the price is one recomputed forward per block.
 GQA is handled by folding the G query heads of a kv head into the query rows,
 so k/v are never repeated. Everything is computed in fp32 and cast back.
 """
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-def _gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Tensor:
+def _gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
     """c_t = sum_{l<=t} g_l in fp32, restarted at each packed document start.
 
     Restarting keeps |c| small within a document, so c_i - c_j stays accurate
@@ -63,9 +62,9 @@ def chunk_forgetting_attention(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    attention_mask: Optional[torch.Tensor] = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     block_size: int = 128,
 ) -> torch.Tensor:
     """q [B,Tq,HQ,K], k [B,Tk,H,K], v [B,Tk,H,V], g [B,Tk,HQ] -> o [B,Tq,HQ,V].

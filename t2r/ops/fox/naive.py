@@ -4,7 +4,6 @@ FoX (Lin et al., 2025), Eq. 11:  O = softmax(Q K^T * scale + D) V  with
 D_ij = sum_{l=j+1..i} log f_l = c_i - c_j  and  c = cumsum(log f)  (Sec. 3).
 Memory is O(Tq x Tk); this is the ground truth the fast forms are tested against.
 """
-from typing import Optional
 
 import torch
 
@@ -15,9 +14,9 @@ def naive_forgetting_attention(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    attention_mask: Optional[torch.Tensor] = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B,Tq,HQ,K], k [B,Tk,H,K], v [B,Tk,H,V], g [B,Tk,HQ] -> o [B,Tq,HQ,V].
 

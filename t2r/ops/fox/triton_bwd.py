@@ -125,12 +125,14 @@ def _bwd_dkv_kernel(
         dck = tl.zeros([BN], tl.float32)
         dk, dv, dck = _bwd_dkv_inner(dk, dv, dck, k, v, ck, offs_n - off, q_base, do_base, ROWB + lrow,
                                      DELTA + lrow, SEG_START, stride_qt, stride_dot,
-                                     row_lo, row_mid, Tq, qk_scale, dq_desc, DQ32 + b64 * stride_dqb + hq * stride_dqh, stride_dqt,
+                                     row_lo, row_mid, Tq, qk_scale, dq_desc, DQ32 + b64 * stride_dqb + hq * stride_dqh,
+                                     stride_dqt,
                                      DCQ + lrow, b, hq, scale,
                                      DK_, DV_, BM, True, VARLEN, FUSE_DQ)
         dk, dv, dck = _bwd_dkv_inner(dk, dv, dck, k, v, ck, offs_n - off, q_base, do_base, ROWB + lrow,
                                      DELTA + lrow, SEG_START, stride_qt, stride_dot,
-                                     row_full, row_hi, Tq, qk_scale, dq_desc, DQ32 + b64 * stride_dqb + hq * stride_dqh, stride_dqt,
+                                     row_full, row_hi, Tq, qk_scale, dq_desc, DQ32 + b64 * stride_dqb + hq * stride_dqh,
+                                     stride_dqt,
                                      DCQ + lrow, b, hq, scale,
                                      DK_, DV_, BM, False, VARLEN, FUSE_DQ)
         tl.store(DC + crow + offs_n, -dck, mask=nmask)

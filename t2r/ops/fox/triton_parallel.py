@@ -14,8 +14,9 @@ Kernels (triton_fwd.py, triton_bwd.py; all work in log2 units: ``c2 = c * log2(e
 
 * ``_fwd_kernel``: one program per (query block, batch*query head), heaviest
   blocks first.  (Launching the heaviest blocks of all heads first instead measured the same
-  here, and made the dq kernel 12% slower: adjacent programs of one head share k and v in L2.)  Key blocks below the diagonal run without masks, the diagonal
-  blocks with the causal mask.  Writes ``o`` and the row log-sum-exp (log2).
+  here, and made the dq kernel 12% slower: adjacent programs of one head share k and v in L2.)  Key blocks below
+  the diagonal run without masks, the diagonal blocks with the causal mask.  Writes ``o`` and the row
+  log-sum-exp (log2).
 * ``_delta_kernel``: ``delta_i = do_i . o_i`` (fp32).
 * ``_bwd_dkv_kernel``: one program per (batch*kv head, key block); heads vary fastest
   in the launch order, so the first key blocks (the most query rows) of all heads start
@@ -51,7 +52,7 @@ host synchronisation: each position carries its document's start and end.
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -244,7 +245,7 @@ class ForgettingAttentionFunction(torch.autograd.Function):
 # around them; the backward recomputes the gate cumsums and document bounds (cheap PyTorch ops).
 @torch.library.custom_op("t2r::forgetting_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  cu_seqlens: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+                  cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None,
                   scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     cq, ck = _prep_c(g, attention_mask)
     seg_start = _seg_bounds(cu_seqlens, q.shape[1])[0] if cu_seqlens is not None else None
@@ -259,7 +260,7 @@ def _(q, k, v, g, cu_seqlens, attention_mask, scale):
 
 @torch.library.custom_op("t2r::forgetting_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                           cu_seqlens: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+                           cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None,
                            o: torch.Tensor, rowb: torch.Tensor, do: torch.Tensor,
                            scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _, ck = _prep_c(g, attention_mask)
@@ -340,7 +341,8 @@ def parallel_forgetting_attention_triton(
             key output 0.
 
     K and V must be powers of two in [16, 128]; q, k, v fp16 or bf16 of one dtype (fp32
-    only in Triton's CPU interpreter, for tests).  g may be any float dtype.  Returns ``o`` ``[B, Tq, HQ, V]`` in q's dtype.
+    only in Triton's CPU interpreter, for tests).  g may be any float dtype.  Returns ``o`` ``[B, Tq, HQ, V]`` in
+    q's dtype.
     """
     if not supports(q, k, v, g, cu_seqlens, attention_mask):
         raise ValueError(

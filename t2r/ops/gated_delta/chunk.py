@@ -19,13 +19,20 @@ before exp, nothing overflows; exponents that span a segment are summed over it 
 Padding with zeros is inert (beta = 0 writes nothing, g = 0 keeps S).
 Differentiable by autograd; float64 inputs compute in float64 (for gradcheck), others in fp32.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
-                     recompute_in_backward)
+from ..utils import (
+    check_cu_seqlens,
+    check_gate,
+    check_qkv,
+    check_state,
+    default_scale,
+    map_over_sequences,
+    recompute_in_backward,
+)
 
 __all__ = ["chunk_gated_delta_rule", "check_gated_delta_inputs"]
 
@@ -54,7 +61,7 @@ def _segment_decays(gates: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return incl, incl.masked_fill(~later, 0.0)
 
 
-def gated_delta_chunks(q, k, v, g, beta, *, scale: float, initial_state: Optional[torch.Tensor] = None,
+def gated_delta_chunks(q, k, v, g, beta, *, scale: float, initial_state: torch.Tensor | None = None,
                        output_final_state: bool = False, chunk_size: int = 64):
     """The chunkwise recurrence for one batch of equal-length rows (no checks); q [B,T,HQ,K], k [B,T,H,K],
     v [B,T,H,V], g / beta [B,T,H], initial_state [B,H,K,V]. Returns (o [B,T,HQ,V] in the compute dtype,
@@ -102,12 +109,12 @@ def chunk_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
+    cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise gated delta rule; same contract as `t2r.ops.gated_delta.gated_delta_rule`."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")

@@ -10,7 +10,7 @@ With the state S_t in R^{K x V} per kv head (keys index its rows, as in every op
 alpha_t = exp(g_t)). Query head i reads kv head i // (HQ // H) (GQA). This is the ground truth that the
 chunkwise form and the Triton kernels are tested against; slow on purpose.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -43,10 +43,10 @@ def naive_recurrent_gated_delta_rule(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g / beta [B,T,H] -> (o [B,T,HQ,V] in v's dtype,
     final state [B,H,K,V] fp32 or None)."""
     B, T, HQ, K = q.shape

@@ -1,5 +1,5 @@
 """Gated Linear Attention (GLA, Yang et al., 2024): linear attention with a per-key-channel forget gate."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -18,11 +18,11 @@ def gla(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    cu_seqlens: torch.LongTensor | None = None,
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Gated linear attention, GLA paper eq. 3:
 
         S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T,     o_t = scale * S_t^T q_t

@@ -1,11 +1,18 @@
 """Chunkwise GLA: the shared engine (`t2r.ops.common.chunk`) with a per-key-channel decay gk."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..common.chunk import chunk_gated_linear_attention
-from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
-                     recompute_in_backward)
+from ..utils import (
+    check_cu_seqlens,
+    check_gate,
+    check_qkv,
+    check_state,
+    default_scale,
+    map_over_sequences,
+    recompute_in_backward,
+)
 
 __all__ = ["chunk_gla", "check_gla_inputs"]
 
@@ -16,12 +23,12 @@ def chunk_gla(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
+    cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise GLA with per-key-channel decay g [B,T,H,K]; same contract as `t2r.ops.gla`."""
     K = check_gla_inputs("chunk_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 

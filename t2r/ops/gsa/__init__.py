@@ -1,5 +1,5 @@
 """Gated Slot Attention (GSA, Zhang et al., 2024): bounded-memory attention with a softmax over slots."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -18,11 +18,11 @@ def gsa(
     s: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    scale: float | None = None,
+    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    cu_seqlens: torch.LongTensor | None = None,
+) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
     """Gated slot attention, GSA paper eq. 6-7 (two-pass form):
 
         K~_t = Diag(exp g_t) K~_{t-1} + s_t k_t^T

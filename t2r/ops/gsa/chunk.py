@@ -11,13 +11,20 @@ GSA paper eq. 6-7 split into two GLA recurrences that the shared engine
 
 Both passes keep the GQA grouping: o' has HQ heads and reads the shared V~.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..common.chunk import chunk_gated_linear_attention
-from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
-                     recompute_in_backward)
+from ..utils import (
+    check_cu_seqlens,
+    check_gate,
+    check_qkv,
+    check_state,
+    default_scale,
+    map_over_sequences,
+    recompute_in_backward,
+)
 
 __all__ = ["chunk_gsa", "check_gsa_inputs"]
 
@@ -46,7 +53,7 @@ def check_gsa_inputs(op: str, q, k, v, s, g, initial_state, cu_seqlens) -> Tuple
     return B, T, HQ, H, K, V, M
 
 
-def gsa_two_pass(q, k, v, s, g, *, scale: float, initial_state: Optional[GSAState] = None,
+def gsa_two_pass(q, k, v, s, g, *, scale: float, initial_state: GSAState | None = None,
                  output_final_state: bool = False, chunk_size: int = 64, segments=None):
     """Both GLA passes for one batch of equal-length rows (`segments`: packed sequences); output in fp32."""
     key_slots, value_slots = (None, None) if initial_state is None else initial_state
@@ -67,12 +74,12 @@ def chunk_gsa(
     s: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[GSAState] = None,
+    scale: float | None = None,
+    initial_state: GSAState | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
+    cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, Optional[GSAState]]:
+) -> Tuple[torch.Tensor, GSAState | None]:
     """Chunkwise GSA; same contract as `t2r.ops.gsa`."""
     K = check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state, cu_seqlens)[4]
     if initial_state is not None:

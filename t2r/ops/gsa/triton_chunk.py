@@ -49,13 +49,20 @@ Triton 3.6 on Hopper miscompiles tl.trans of an MMA accumulator fed to another d
 issue #640): every transposed product here (A^T, dA^T) is its own dot of loaded or
 elementwise operands; only loaded/elementwise tiles are ever transposed.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
 
-from ..triton_utils import (_sm_count, is_interpreting, next_pow2, num_segments, prepare_chunks, reverse_cumsum,
-                            scan_passes)
+from ..triton_utils import (
+    _sm_count,
+    is_interpreting,
+    next_pow2,
+    num_segments,
+    prepare_chunks,
+    reverse_cumsum,
+    scan_passes,
+)
 from .triton_intra import _bwd_dp_kernel, _bwd_dqk_kernel, _bwd_dvs_kernel, _fwd_o_kernel
 from .triton_scan import _bwd_dh_kernel, _fwd_h_kernel
 
@@ -83,7 +90,7 @@ CONFIGS = {
 # D=128 only; these at D=64, with the launch split too (1.94 ms fwd+bwd, README).
 CONFIGS_D64 = {"fwd_o": (4, 2), "bwd_dp": (4, 2), "bwd_dqk": (8, 1), "bwd_dvs": (8, 1)}
 
-STEEP_PROGRAMS: Optional[int] = None
+STEEP_PROGRAMS: int | None = None
 """Programs (per query head) of the sub-block launches, striding through the list of steep chunks;
 None: one per SM. Tests set it small so that each program takes several chunks."""
 
@@ -292,7 +299,7 @@ _Tensors7 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 @torch.library.custom_op("t2r::chunk_gsa", mutates_args=())
 def _chunk_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, g: torch.Tensor,
-              h0k: Optional[torch.Tensor], h0v: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+              h0k: torch.Tensor | None, h0v: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
               scale: float) -> _Tensors7:
     o, z, p, _, _, htk, htv, _, (flags, steep, _) = _fwd(q, k, v, s, g, scale, h0k, h0v, True, cu_seqlens)
     return o, htk, htv, z, p, flags, steep
@@ -314,7 +321,7 @@ def _(q, k, v, s, g, h0k, h0v, cu_seqlens, scale):
 
 @torch.library.custom_op("t2r::chunk_gsa_backward", mutates_args=())
 def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, g: torch.Tensor,
-                       h0k: Optional[torch.Tensor], h0v: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                       h0k: torch.Tensor | None, h0v: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
                        htk: torch.Tensor, htv: torch.Tensor, z: torch.Tensor, p: torch.Tensor, flags: torch.Tensor,
                        steep: torch.Tensor, do: torch.Tensor, dhtk: torch.Tensor, dhtv: torch.Tensor,
                        scale: float) -> _Tensors7:
@@ -359,11 +366,11 @@ def chunk_gsa_triton(
     v: torch.Tensor,
     s: torch.Tensor,
     g: torch.Tensor,
-    scale: Optional[float] = None,
-    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    scale: float | None = None,
+    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    cu_seqlens: torch.LongTensor | None = None,
+) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
     """Chunkwise GSA on Triton (forward and backward); same contract as `t2r.ops.gsa`. fp16 inputs
     run the kernels in bf16 (range of the decay factors); the output comes back in v's dtype."""
     K = q.shape[-1]

@@ -15,8 +15,22 @@ import triton
 import triton.language as tl
 
 from ..triton_utils import chunk_bounds, fits_one_anchor
-from .triton_common import (_decay, _decay_to_end, _dot, _factors, _gate_cumsum, _load_cols, _load_rows, _mix,
-                            _mix_bwd, _mix_bwd_end, _mix_t, _softmax_rows, _store_cols, _store_rows)
+from .triton_common import (
+    _decay,
+    _decay_to_end,
+    _dot,
+    _factors,
+    _gate_cumsum,
+    _load_cols,
+    _load_rows,
+    _mix,
+    _mix_bwd,
+    _mix_bwd_end,
+    _mix_t,
+    _softmax_rows,
+    _store_cols,
+    _store_rows,
+)
 
 
 # --------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ in fp32 registers across the steps and serves every query head of its GQA group 
 them, so one decode step reads and writes each state exactly once and never repeats
 k, v, s, g or the states per query head.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -71,11 +71,11 @@ def fused_recurrent_gsa_triton(
     v: torch.Tensor,
     s: torch.Tensor,
     g: torch.Tensor,
-    scale: Optional[float] = None,
-    initial_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    scale: float | None = None,
+    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    cu_seqlens: torch.LongTensor | None = None,
+) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
     """Step-by-step GSA (inference only, no autograd); same contract as `t2r.ops.gsa`.
 
     Meant for decoding (a few steps per call); the cost grows linearly with T and the

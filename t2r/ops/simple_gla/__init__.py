@@ -1,5 +1,5 @@
 """Simple GLA: linear attention with one data-dependent (or constant, RetNet) decay per head."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -17,11 +17,11 @@ def simple_gla(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    cu_seqlens: torch.LongTensor | None = None,
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Linear attention with a scalar decay per head and step:
 
         S_t = exp(g_t) S_{t-1} + k_t v_t^T,     o_t = scale * S_t^T q_t

@@ -4,13 +4,20 @@ A scalar gate keeps the intra-chunk decay a [C, C] matrix exp(b_i - b_j)
 (RetNet's chunkwise form, GLA paper appendix C.2 with A = 1, B = gamma^i), so no
 per-channel sub-chunking is needed; see `t2r.ops.common.chunk` for the algorithm.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..common.chunk import chunk_gated_linear_attention
-from ..utils import (check_cu_seqlens, check_gate, check_qkv, check_state, default_scale, map_over_sequences,
-                     recompute_in_backward)
+from ..utils import (
+    check_cu_seqlens,
+    check_gate,
+    check_qkv,
+    check_state,
+    default_scale,
+    map_over_sequences,
+    recompute_in_backward,
+)
 
 __all__ = ["chunk_simple_gla", "check_simple_gla_inputs"]
 
@@ -31,12 +38,12 @@ def chunk_simple_gla(
     v: torch.Tensor,
     g: torch.Tensor,
     *,
-    scale: Optional[float] = None,
-    initial_state: Optional[torch.Tensor] = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
+    cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> Tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise simple GLA with g [B,T,H]; same contract as `t2r.ops.simple_gla`."""
     K = check_simple_gla_inputs("chunk_simple_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 

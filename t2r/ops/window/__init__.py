@@ -35,5 +35,5 @@ def window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, 
                                   block=block)
 
 
-__all__ = ["window_attention", "chunk_window_attention", "flex_window_attention", "naive_window_attention", "masked_window_attention",
-           "visible_keys"]
+__all__ = ["window_attention", "chunk_window_attention", "flex_window_attention", "naive_window_attention",
+           "masked_window_attention", "visible_keys"]

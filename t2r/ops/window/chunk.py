@@ -50,10 +50,14 @@ def chunk_window_attention(q, k, v, *, positions, real=None, window: int, sinks:
         sink_index = (index - positions)[..., None] + m                                  # [B, T, S]
         sink_ok = real[..., None] & (m <= positions[..., None]) & (sink_index >= 0)
         sink_index = sink_index.clamp(0, length - 1)
-        gather = lambda x: x.gather(1, sink_index.view(batch, -1, 1, 1).expand(-1, -1, heads, dim)).view(
-            batch, length, sinks, heads, dim)
+
+        def gather(x):
+            return x.gather(1, sink_index.view(batch, -1, 1, 1).expand(-1, -1, heads, dim)).view(
+                batch, length, sinks, heads, dim)
+
         k_sink, v_sink = gather(k), gather(v)
-        sink_logits = torch.einsum("bthgd,btshd->bhgts", q.view(batch, length, heads, group, dim), k_sink).float() * scale
+        q_groups = q.view(batch, length, heads, group, dim)
+        sink_logits = torch.einsum("bthgd,btshd->bhgts", q_groups, k_sink).float() * scale
         sink_logits = sink_logits.masked_fill(~sink_ok[:, None, None], float("-inf"))
         sink_logits = F.pad(sink_logits, [0, 0, 0, padded_length - length], value=float("-inf"))
         sink_logits = sink_logits.view(batch, heads, group, blocks, block, sinks).movedim(3, 1)

@@ -8,30 +8,14 @@ from transformers import AutoModelForCausalLM
 import t2r
 from t2r.layers import MIXERS
 from t2r.layers.state import WindowedStateLayer
-from t2r.train.model_setup import new_module_names
-from tests.models.conftest import small, tiny_source
-from tests.models.test_generate import greedy
+from tests.helpers.models import WINDOW, greedy, small, tiny_source, windowed
 
 FIXED_STATE = [name for name, spec in MIXERS.items() if spec.constant_memory]
-WINDOW = dict(window=5, sinks=2)
 
 
 @pytest.fixture(params=FIXED_STATE)
 def fixed_target(request):
     return request.param
-
-
-def windowed(arch, target, seed=7, **kw):
-    """A converted tiny model with window + sinks whose new parameters (gates and the window gain, which starts
-    at 0 and would hide the state) are drawn at random."""
-    model = t2r.convert(tiny_source(arch), target, **small(target), **{**WINDOW, **kw})
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name in new_module_names(model):
-            for layer in model.converted_layers().values():
-                for p in getattr(layer, name).parameters():
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return model
 
 
 def test_up_to_window_plus_sinks_tokens_the_converted_model_is_its_source(arch, fixed_target):

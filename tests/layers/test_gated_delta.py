@@ -10,8 +10,7 @@ import t2r
 from t2r.layers import gated_delta
 from t2r.layers.base import decay_for_lookback
 from t2r.layers.short_conv import causal_conv, causal_conv_reference
-from tests.models.conftest import tiny_source
-from tests.models.test_window import windowed
+from tests.helpers.models import tiny_source, windowed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

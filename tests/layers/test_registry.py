@@ -17,7 +17,7 @@ from t2r.layers import MIXERS, MixerSpec, RecurrentMixer, get_mixer, register_mi
 from t2r.layers.base import ConvertedAttention, decay_for_lookback
 from t2r.layers.options import MixerOptions, option
 from t2r.models.generation_cache import generation_memory
-from tests.models.conftest import tiny_source
+from tests.helpers.models import tiny_source
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -110,16 +110,17 @@ def test_a_mixer_registered_outside_t2r_converts_generates_saves_and_reloads(dec
 
 
 def test_a_registered_mixer_with_learned_decays_takes_init_teacher_everywhere(decay_mixer):
-    from tests.train.test_recipe import make
+    from tests.helpers.recipes import make_recipe
 
     lookback = torch.tensor([[3.0, 5.0, 9.0, 11.0]] * 3)
     model = t2r.convert(tiny_source("llama"), "decay", lookback=lookback)
     torch.testing.assert_close(torch.sigmoid(model.model.layers[1].self_attn.decay_logit),
                                decay_for_lookback(torch.tensor([4.0, 10.0])).float())
-    assert make("convert.target=decay", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
+    assert make_recipe("convert.target=decay", "convert.options={}", "convert.init=teacher").convert.init == "teacher"
     convert_help = build_parser()._subparsers._group_actions[0].choices["convert"].format_help()
     assert "(gla, fox, gdn, decay)" in " ".join(convert_help.split())  # --init teacher's targets
-    with pytest.raises(ValueError, match=r"retnet has no learned forget-gate decay .*\(supported: gla, fox, gdn, decay\)"):
+    no_decay = r"retnet has no learned forget-gate decay .*\(supported: gla, fox, gdn, decay\)"
+    with pytest.raises(ValueError, match=no_decay):
         t2r.convert(tiny_source("llama"), "retnet", lookback=lookback)
 
 

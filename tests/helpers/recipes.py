@@ -1,14 +1,12 @@
-"""A tiny source model with a character tokenizer, a small corpus, and recipes over them."""
+"""Tiny finetuning set-ups: a small corpus and recipes over a saved tiny source, and what a run leaves behind."""
 
-import json
 import textwrap
 
-import pytest
 from safetensors.torch import load_file
 
 from t2r.train import load_recipe
-from tests.data.conftest import char_tokenizer
-from tests.models.conftest import tiny_source
+from t2r.train.recipe import Recipe
+from tests.helpers.data import write_jsonl
 
 SENTENCES = [
     "the quick brown fox jumps over the lazy dog",
@@ -19,28 +17,15 @@ SENTENCES = [
 ]
 
 
-def save_char_source(path):
-    """A tiny random Llama with a character tokenizer, saved at `path` like a hub checkpoint."""
-    tokenizer = char_tokenizer()
-    tiny_source("llama", vocab_size=len(tokenizer)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def source_dir(tmp_path_factory):
-    return save_char_source(tmp_path_factory.mktemp("source"))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [{"text": f"{SENTENCES[i % 5]} {SENTENCES[(3 * i + 1) % 5]}", "source": "test"} for i in range(60)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def write_corpus(path):
+    """60 documents, each two of `SENTENCES`, as JSON lines at `path`; returns `path`."""
+    return write_jsonl(path, [{"text": f"{SENTENCES[i % 5]} {SENTENCES[(3 * i + 1) % 5]}", "source": "test"}
+                              for i in range(60)])
 
 
 def recipe(tmp_path, source_dir, corpus, run="run", **overrides):
+    """A 6-step GSA recipe on the tiny source and corpus (the `source_dir` and `corpus` fixtures), checkpoints in
+    `tmp_path / run`; `overrides` are `section.field=value` pairs given as keywords."""
     text = textwrap.dedent(f"""
         name: tiny
         model: {{source: "{source_dir}", dtype: float32}}
@@ -54,6 +39,15 @@ def recipe(tmp_path, source_dir, corpus, run="run", **overrides):
     path = tmp_path / f"{run}.yaml"
     path.write_text(text)
     return load_recipe(path, [f"{k}={v}" for k, v in overrides.items()])
+
+
+BASE_OVERRIDES = ["model.source=smollm2", "convert.target=gsa", "data.path=org/dataset",
+                  "train.tokens_per_step=4096", "train.max_steps=10"]
+
+
+def make_recipe(*overrides, check_files=True) -> Recipe:
+    """A recipe from command-line overrides alone, on top of `BASE_OVERRIDES` (nothing loads)."""
+    return load_recipe(None, ["name=t", *BASE_OVERRIDES, *overrides], check_files=check_files)
 
 
 def final_weights(recipe_):

@@ -42,8 +42,8 @@ def checked_memory():
     from triton.runtime import interpreter
 
     launch = {}   # the running launch: kernel name, [start, end) byte ranges of its tensors sorted by start
-    init_args, load, store = (interpreter.GridExecutor._init_args_hst, interpreter.InterpreterBuilder.create_masked_load,
-                              interpreter.InterpreterBuilder.create_masked_store)
+    init_args = interpreter.GridExecutor._init_args_hst
+    load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
 
     def extent(t):
         span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from t2r.cli import main
-from tests.train.conftest import save_char_source
+from tests.helpers.models import save_tiny_source
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli_eval")
-    source = save_char_source(root / "source")
+    source = save_tiny_source(root / "source")
     assert main(["convert", "--model", str(source), "--to", "gsa", "--num-slots", "8", "--out", str(root / "gsa"),
                  "--device", "cpu"]) == 0
     return source, root / "gsa"
@@ -50,10 +50,10 @@ def test_eval_refuses_bad_input_before_loading(converted, tmp_path, capsys):
 
 
 def test_eval_refuses_a_baseline_with_another_tokenizer(converted, tmp_path, capsys):
-    from tests.test_cli import save_tiny_source
+    from tests.helpers.models import save_tiny_source
 
     _, model = converted
-    save_tiny_source(tmp_path / "other")  # a word-level tokenizer
+    save_tiny_source(tmp_path / "other", tokenizer="words")  # a word-level tokenizer
     assert main(["eval", "--model", str(model), "--baseline", str(tmp_path / "other"), "--out", str(tmp_path / "r"),
                  "--device", "cpu", "--suite", "ppl", "--ppl-length", "64"]) == 2
     assert "another tokenizer" in capsys.readouterr().err

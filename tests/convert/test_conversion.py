@@ -6,7 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import t2r
 from t2r.layers import get_mixer
-from tests.models.conftest import small, tiny_source
+from tests.helpers.models import small, tiny_source
 
 
 def test_converts_every_architecture_to_every_target(arch, target):

@@ -7,17 +7,18 @@
 from dataclasses import dataclass, field
 from typing import Callable
 
-import pytest
 import torch
 
 from t2r.layers import MIXERS
 from t2r.models import ARCHITECTURES
+from tests.helpers.data import char_tokenizer, word_tokenizer
 
 COMMON = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
     pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )
+VOCAB = COMMON["vocab_size"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ TINY_SOURCES = {
 def tiny_source(arch: str, seed: int = 0, **overrides):
     """A tiny random source model of `arch` (a key of `t2r.ARCHITECTURES`), in eval mode."""
     if arch not in TINY_SOURCES:
-        raise KeyError(f"no tiny {arch!r} source: add a row to TINY_SOURCES in tests/models/conftest.py")
+        raise KeyError(f"no tiny {arch!r} source: add a row to TINY_SOURCES in tests/helpers/models.py")
     row = TINY_SOURCES[arch]
     config_class, _, causal_lm_class = ARCHITECTURES[arch].source_classes
     torch.manual_seed(seed)
@@ -85,16 +86,50 @@ ARCHS = tuple(ARCHITECTURES)  # every registered source
 TARGETS = tuple(MIXERS)  # every registered target
 
 
-@pytest.fixture(params=ARCHS)
-def arch(request):
-    return request.param
-
-
-@pytest.fixture(params=TARGETS)
-def target(request):
-    return request.param
-
-
 def small(target: str) -> dict:
     """Options that keep a tiny model tiny: 8 GSA slots (other targets have no slots)."""
     return {"num_slots": 8} if "num_slots" in MIXERS[target].options.field_names() else {}
+
+
+TOKENIZERS = {"chars": char_tokenizer, "words": word_tokenizer}
+
+
+def save_tiny_source(path, tokenizer: str = "chars"):
+    """A tiny random Llama with a tokenizer, saved at `path` like a hub checkpoint; returns `path`.
+
+    chars: `char_tokenizer` (any text; the vocabulary shrinks to its 95 ids); words: `word_tokenizer` ("w0" ...
+    "w96" split at whitespace: the tiny model's 97 ids, so `tiny_source("llama")` is the saved model)."""
+    tok = TOKENIZERS[tokenizer]()
+    tiny_source("llama", vocab_size=len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+WINDOW = dict(window=5, sinks=2)
+
+
+def windowed(arch, target, seed=7, **kw):
+    """A converted tiny model with window + sinks (`WINDOW`, overridden by `kw`) whose new parameters (gates and the
+    window gain, which starts at 0 and would hide the state) are drawn at random."""
+    import t2r
+    from t2r.train.model_setup import new_module_names
+
+    model = t2r.convert(tiny_source(arch), target, **small(target), **{**WINDOW, **kw})
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in new_module_names(model):
+            for layer in model.converted_layers().values():
+                for p in getattr(layer, name).parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model
+
+
+def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Token ids for the tiny models: 3 ... 96 (0-2 are pad, bos and eos)."""
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(model, ids, mask=None, n=8):
+    """`n` greedy tokens; min_new_tokens: no early stop at EOS, so batched and single runs give the same lengths."""
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                          pad_token_id=0)

@@ -1,0 +1,75 @@
+"""`t2r` itself: expected failures become messages and exit codes, a missing local path is named before
+anything loads, `--help` and `--version` answer without heavy imports."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from t2r.cli import main
+from tests.helpers.models import save_tiny_source
+
+
+def test_bad_input_exits_with_a_clear_message(tmp_path, capsys):
+    save_tiny_source(tmp_path / "src", tokenizer="words")
+    code = main(["convert", "--model", str(tmp_path / "src"), "--to", "gsa", "--num-slots", "0",
+                 "--out", str(tmp_path / "o"), "--device", "cpu"])
+    assert code == 2
+    assert "num_slots must be a positive integer" in capsys.readouterr().err
+    code = main(["convert", "--model", str(tmp_path / "missing.gguf"), "--to", "gla", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert f"error: not found: {tmp_path / 'missing.gguf'} (no such file or directory;" in capsys.readouterr().err
+    code = main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "w5", "--device", "cpu"])
+    assert code == 2
+    assert f"error: not found: {tmp_path / 'nowhere'} (no such file or directory;" in capsys.readouterr().err
+
+
+T2R = shutil.which("t2r", path=os.path.dirname(sys.executable)) or shutil.which("t2r")
+
+
+def t2r_command(args, cwd):
+    """(completed process, seconds) of the installed `t2r` script, offline."""
+    if T2R is None:
+        pytest.skip("the t2r console script is not installed")
+    start = time.perf_counter()
+    done = subprocess.run([T2R, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return done, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("args, path", [
+    (["convert", "--model", "models/nope", "--to", "gsa", "--out", "out"], "models/nope"),
+    (["convert", "--model", "runs/nope/final", "--to", "gla", "--out", "out"], "runs/nope/final"),
+    (["eval", "--model", "runs/nope/final", "--out", "e"], "runs/nope/final"),
+    (["eval", "--model", "smollm2", "--baseline", "./nope", "--out", "e"], "./nope"),
+    (["generate", "--model", "runs/nope/final", "--prompt", "hi"], "runs/nope/final"),
+    (["bench", "--model", "nope.gguf"], "nope.gguf"),
+])
+def test_a_missing_local_path_is_named_at_once(tmp_path, args, path):
+    """A path that looks local and is missing: "not found", naming it, before any hub call or model load
+    (models/nope has the form owner/name, but models/ is a local directory here)."""
+    (tmp_path / "models").mkdir()
+    done, seconds = t2r_command(args, tmp_path)
+    assert done.returncode == 2 and seconds < 5, (done.stderr, seconds)
+    assert done.stderr.strip() == (f"t2r {args[0]}: error: not found: {path} (no such file or directory in "
+                                   f"{os.path.realpath(tmp_path)}; a hub id has the form owner/name)")
+
+
+def test_help_and_version_import_nothing_heavy(tmp_path):
+    """`t2r --help`, `t2r <command> --help` and `--version` build the parser without torch or transformers;
+    the t2r names still load on first use in that process."""
+    script = ("import sys; sys.argv = ['t2r']; from t2r.cli import build_parser\n"
+              "parser = build_parser(); parser.format_help()\n"
+              "for command in parser._subparsers._group_actions[0].choices.values(): command.format_help()\n"
+              "heavy = ('torch', 'transformers', 't2r.layers.base', 't2r.models')\n"
+              "print(sorted(m for m in heavy if m in sys.modules))\n"
+              "import t2r; print(callable(t2r.convert), list(t2r.MIXERS))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.stdout.splitlines() == ["[]", "True ['gsa', 'gla', 'retnet', 'fox']"], done.stderr
+    done, _ = t2r_command(["--version"], tmp_path)
+    from importlib.metadata import version
+
+    assert (done.returncode, done.stdout) == (0, f"t2r {version('t2r')}\n")

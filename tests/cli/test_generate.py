@@ -1,0 +1,23 @@
+"""`t2r generate` on a tiny model converted by `t2r convert`."""
+
+from transformers import AutoModelForCausalLM
+
+from t2r.cli import main
+from tests.helpers.models import save_tiny_source, tiny_source
+
+
+def test_convert_then_generate(tmp_path, capsys):
+    save_tiny_source(tmp_path / "src", tokenizer="words")
+    source = tiny_source("llama")  # the saved model
+    out = tmp_path / "gsa"
+    assert main(["convert", "--model", str(tmp_path / "src"), "--to", "gsa", "--num-slots", "4",
+                 "--layers", "0-1", "--out", str(out), "--device", "cpu"]) == 0
+    report = capsys.readouterr().out
+    assert "2/3 layers -> gsa (layers 0-1)" in report
+    assert f"source {sum(p.numel() for p in source.parameters()):,}, added {2 * 64 * 2 * 4:,}" in report
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.t2r_mixers == ["gsa", "gsa", "softmax"]
+    assert main(["generate", "--model", str(out), "--prompt", "w5 w6 w7", "--prompt", "w9",
+                 "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("w5 w6 w7") and lines[1].startswith("w9")

@@ -1,0 +1,100 @@
+"""`t2r finetune` and `t2r run` on tiny recipes: overrides, dry runs, data errors before anything loads, the
+report after training."""
+
+import json
+
+from t2r.cli import main
+from tests.helpers.models import save_tiny_source
+
+
+def test_finetune_from_a_recipe_with_overrides(tmp_path, capsys):
+    """`t2r finetune --config recipe.yaml section.field=value ...` trains, checkpoints and saves the
+    model, which `t2r generate` then loads; a bad recipe stops before anything loads."""
+    from t2r.data.synthetic import write_jsonl
+
+    source = save_tiny_source(tmp_path / "src")
+    data = write_jsonl(tmp_path / "train.jsonl", count=40)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"
+                      "convert: {target: gla}\n"
+                      f"data: {{path: '{data}', seq_len: 64}}\n"
+                      "train: {tokens_per_step: 128, micro_batch_size: 1, max_steps: 30, mixed_precision: 'no'}\n"
+                      "logging: {plot: false}\n")
+    run = tmp_path / "run"
+    assert main(["finetune", "--config", str(recipe), "train.max_steps=3", "train.lr=1e-3",
+                 f"checkpoint.dir={run}"]) == 0
+    assert "step=3 tokens=384" in capsys.readouterr().out
+    assert (run / "final" / "model.safetensors").is_file() and (run / "step-00000003").is_dir()
+    assert main(["generate", "--model", str(run / "final"), "--prompt", "Ada lives in", "--max-new-tokens", "3",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("Ada lives in")
+
+    assert main(["finetune", "--config", str(recipe), "train.lrr=1e-3"]) == 2
+    assert "train.lrr: unknown field; did you mean 'lr'?" in capsys.readouterr().err
+
+
+def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
+    import yaml
+
+    assert main(["finetune", "--config", "recipes/mistral-7b-gsa-20b.yaml", "--dry-run", "train.lr=1e-4"]) == 0
+    out = capsys.readouterr().out
+    resolved = yaml.safe_load(out)
+    assert resolved["train"]["lr"] == 1e-4 and resolved["data"]["seq_len"] == 2048
+    assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
+
+
+def test_run_finetunes_then_reports_against_the_source(tmp_path, capsys):
+    from t2r.data.synthetic import write_jsonl
+
+    source = save_tiny_source(tmp_path / "src")
+    data = write_jsonl(tmp_path / "train.jsonl", count=60)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\n"
+                      "convert: {target: gsa, options: {num_slots: 8}}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: 8}}\n"
+                      "train: {tokens_per_step: 128, micro_batch_size: 2, max_steps: 12, lr: 3.0e-3,"
+                      " mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\nlogging: {{plot: false}}\n"
+                      "eval: {suites: [ppl], data: held-out, pack: true, ppl_length: 128, ppl_rows: 4,"
+                      " windows: [16]}\n")
+    assert main(["run", "--config", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ")}
+    tuned, original = float(rows["gsa"][-2]), float(rows["source"][-2])  # the "all" column
+    assert tuned < original  # a random tiny source; 12 steps on the generated text beat it
+    assert "window 16+4" in rows
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    assert results["perplexity"]["rows"] == 4 and results["models"]["baseline"]["spec"] == str(source)
+
+    recipe.write_text(recipe.read_text().replace("held_out: 8", "held_out: 0"))
+    assert main(["run", "--config", str(recipe)]) == 2
+    assert "data.held_out" in capsys.readouterr().err
+
+
+def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(tmp_path, capsys):
+    source = save_tiny_source(tmp_path / "src")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "one document that is long enough"}\n{"text": "two"\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gla}}\n"
+                      f"data: {{path: '{data}', seq_len: 8, held_out: 1}}\n"
+                      "train: {tokens_per_step: 8, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n")
+    assert main(["finetune", "--config", str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"t2r finetune: error: {data}, line 2: not valid JSON" in err and "Traceback" not in err
+    data.write_text('{"text": "one document that is long enough"}\n' * 5)  # 33 tokens each, with EOS
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.seq_len=40", "train.tokens_per_step=40"]) == 2
+    assert "data.held_out: the 1 held-out documents hold 33 tokens, less than one row of data.seq_len=40" in \
+        capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 0
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dry_run_says_what_it_would_train_and_evaluate(capsys):
+    assert main(["run", "--config", "recipes/mistral-7b-gsa-20b.yaml", "--dry-run", "train.mixed_precision=no",
+                 "model.dtype=bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "# plan: 9,536 steps of 2,097,152 tokens" in out
+    assert "# eval: then runs/mistral-7b-gsa-20b/final against mistralai/Mistral-7B-v0.1 (suites: ppl;" in out
+    assert "report in runs/mistral-7b-gsa-20b/eval/" in out
