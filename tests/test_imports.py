@@ -171,3 +171,19 @@ def test_the_checks_find_what_they_look_for():
     assert upward_imports({"t2r.models.modeling": {"t2r.layers": 9, "t2r.convert.conversion": 12},
                            "t2r.convert.conversion": {"t2r.models": 3}}) == \
         ["  t2r.models.modeling (layer 3, line 12) imports t2r.convert.conversion (layer 4)"]
+
+
+def test_every_import_of_t2r_names_a_module_that_exists():
+    """An import inside a function runs only when called: one naming a module that was moved or renamed would fail
+    there, not at `import t2r`. Every `from t2r.x import y` must name an existing module `t2r.x`."""
+    modules = module_names()
+    missing = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("t2r"):
+                if node.module not in modules:
+                    missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                missing += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: import {alias.name}"
+                            for alias in node.names if alias.name.startswith("t2r") and alias.name not in modules]
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)

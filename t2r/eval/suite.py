@@ -85,7 +85,7 @@ def contenders(model, model_name: str, baseline, baseline_name: str | None, sett
 def contender_info(c: Contender, found: list[Contender]) -> dict:
     """What the frontier needs of a contender: its role, window, and generation memory (fixed state and bytes
     per token; `windowed`: the softmax model the windows cut)."""
-    from t2r.models.cache import generation_memory
+    from t2r.models.generation_cache import generation_memory
 
     fixed, per_token = generation_memory(c.model.config, next(c.model.parameters()).element_size())
     return {"name": c.name, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else 0,
