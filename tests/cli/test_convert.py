@@ -35,7 +35,7 @@ def test_convert_flags_follow_the_mixer_options(tmp_path, capsys):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--rope true|false apply the source's rotary embedding to q and k (default: false for gsa, gla, " \
-        "retnet; true for fox)" in text
+        "retnet, gdn; true for fox)" in text
     assert "(default: 8 for gsa; 16 for gla)" in text and "(gsa; default 64)" in text
     assert "--gate-low-rank-dim GATE_LOW_RANK_DIM GLA: rank of the low-rank forget-gate projection (gla; default " \
         "16)" in text
