@@ -68,7 +68,7 @@ def test_help_and_version_import_nothing_heavy(tmp_path):
               "print(sorted(m for m in heavy if m in sys.modules))\n"
               "import t2r; print(callable(t2r.convert), list(t2r.MIXERS))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.stdout.splitlines() == ["[]", "True ['gsa', 'gla', 'retnet', 'fox']"], done.stderr
+    assert done.stdout.splitlines() == ["[]", "True ['gsa', 'gla', 'retnet', 'fox', 'gdn']"], done.stderr
     done, _ = t2r_command(["--version"], tmp_path)
     from importlib.metadata import version
 
