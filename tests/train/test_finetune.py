@@ -112,12 +112,12 @@ def test_attention_transfer_trains_only_the_converted_attention():
     from t2r.train.transfer import layer_pairs
 
     teacher = tiny_source("llama")
-    student = t2r.convert(tiny_source("llama"), "gla", layers="0,2")
+    student = t2r.convert(tiny_source("llama"), "gsa", layers="0,2")
     assert [i for i, _, _ in layer_pairs(student, teacher)] == [0, 2]
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     ids = torch.randint(3, 97, (1, 64), generator=torch.Generator().manual_seed(0))
     losses = _align(student, teacher, [{"input_ids": ids, "labels": ids}] * 10, lr=1e-3)
-    assert len(losses) == 10 and losses[-1] < 0.3 * losses[0], losses
+    assert len(losses) == 10 and losses[-1] < 0.5 * losses[0], losses
     moved = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all(n.startswith(("model.layers.0.self_attn.", "model.layers.2.self_attn.")) for n in moved)
 
@@ -145,12 +145,12 @@ def test_attention_transfer_under_autocast_sees_its_own_updates():
     import t2r
 
     teacher = tiny_source("llama")
-    student = t2r.convert(tiny_source("llama"), "gla")
+    student = t2r.convert(tiny_source("llama"), "gsa")
     ids = torch.randint(3, 97, (1, 64), generator=torch.Generator().manual_seed(0))
     bf16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
     losses = _align(student, teacher, [{"input_ids": ids}] * 4, lr=1e-3, autocast=bf16)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
-    student = t2r.convert(tiny_source("llama"), "gla")
+    student = t2r.convert(tiny_source("llama"), "gsa")
     with bf16():  # the hazard itself: one context around every step, the casts of the first weights reused
         stale = _align(student, teacher, [{"input_ids": ids}] * 4, lr=1e-3)
     assert len(set(stale)) == 1, stale

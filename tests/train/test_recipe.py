@@ -111,7 +111,7 @@ def test_defaults_and_override_types(wandb_installed):
     (["train.gradient_checkpointing=1"], "train.gradient_checkpointing: expected true or false, got 1"),
     (["train.betas=[0.9]"], "train.betas: expected a list of 2 items"),
     (["train.betas=[0.9, 1.5]"], "train.betas: must be < 1, got 1.5"),
-    (["convert.target=gsaa"], "convert.target: 'gsaa' is not one of gsa, gla, retnet, fox, none; did you mean 'gsa'?"),
+    (["convert.target=gsaa"], "convert.target: 'gsaa' is not one of gsa, gla, retnet, fox, gdn, none; did you mean 'gsa'?"),
     (["train.schedule=step"], "train.schedule: 'step' is not one of cosine, linear, constant"),
     (["model.dtype=fp8"], "model.dtype: 'fp8' is not one of float32, bfloat16, float16"),
     (["logging.trackers=[tensorboard, mlflow]"], "logging.trackers: 'mlflow' is not one of tensorboard, wandb"),

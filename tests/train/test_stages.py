@@ -82,8 +82,8 @@ def test_a_longer_sequence_in_a_later_stage_takes_effect(tmp_path, source_dir, c
                stages=[dict(DISTILL, steps=1, warmup_steps=0), dict(FINETUNE, tokens=128)])
     original = stages.stage_loss
 
-    def spy(model, teacher, targets, stage, autocast):
-        loss = original(model, teacher, targets, stage, autocast)
+    def spy(model, teacher, targets, stage, autocast, fused=False):
+        loss = original(model, teacher, targets, stage, autocast, fused)
 
         def wrapped(batch):
             seen.append((stage.name, tuple(batch["input_ids"].shape)))
