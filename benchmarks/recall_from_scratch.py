@@ -6,7 +6,7 @@ Each sequence holds N key-value pairs `k1 v1 ... kN vN` (distinct keys), then th
 each followed by its value: `q1 a1 ... qN aN`. The loss and the accuracy count only the answers a_i (predicted at
 q_i). A 2-layer Llama with random weights is converted to each target (`t2r.convert`) and trained in full.
 
-    python benchmarks/recall_from_scratch.py --steps 600 --pairs 16
+    python benchmarks/recall_from_scratch.py --steps 1000 --pairs 8
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def evaluate(model, pairs: int, rows: int = 512) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -86,10 +86,10 @@ def main() -> None:
     d = args.head_dim
     # the same recurrent state per kv head: d x d for gla / gdn, two d x M for gsa with M = d / 2
     rows = [("softmax", {}), ("gla", {}), ("gsa", {"num_slots": d // 2}), ("gdn", {}), ("gdn", {"conv_size": 0})]
-    lines = [f"MQAR from scratch: {args.pairs} pairs ({4 * args.pairs} tokens), 2 layers, 2 heads of {d}, "
-             f"{args.steps} steps of {args.batch} sequences, AdamW lr {args.lr}; accuracy on 512 held-out sequences",
-             "", "| mixer | options | state floats per head | parameters | final train loss | recall accuracy | "
-             "train time s |", "|---|---|---|---|---|---|---|"]
+    title = (f"MQAR from scratch: {args.pairs} pairs ({4 * args.pairs} tokens), 2 layers, 2 heads of {d}, "
+             f"{args.steps} steps of {args.batch} sequences, AdamW lr {args.lr}; accuracy on 512 held-out sequences")
+    header = "| mixer | options | state floats per head | parameters | final train loss | recall accuracy | train time s |"
+    lines = [title, "", header, "|---|---|---|---|---|---|---|"]
     for target, options in rows:
         model = tiny_model(target, options, d, args.seed)
         started = time.time()
