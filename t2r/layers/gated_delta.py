@@ -100,6 +100,10 @@ class GatedDeltaAttention(RecurrentMixer):
     k and v (`[conv_size - 1, (HQ + 2H) * D]`), both fixed in size."""
 
     target = "gdn"
+    read_scale: float = 1.0
+    """The op's scale on q: 1, not the source's 1/sqrt(d). With unit q and k, q.k is a cosine, and S^T q returns a
+    stored value at its full size when q finds its key, as softmax attention returns an average of values; the
+    source's scale belonged to the logits of its softmax (KL at conversion, SmolLM2: lower at 1 than at 1/8 or 2)."""
 
     def __init__(self, attention, config, layer_idx, options):
         super().__init__(attention, config, layer_idx, options)
@@ -135,15 +139,17 @@ class GatedDeltaAttention(RecurrentMixer):
         joined = torch.cat([t.flatten(2) for t in (q, k, v)], -1)
         mixed, conv_state = self.conv(joined, conv_state, cu_seqlens)
         q, k, v = (t.view(*t.shape[:2], -1, self.head_dim) for t in mixed.split(widths, -1))
-        return q, k, v, conv_state.float()
+        return q, k, v, conv_state.to(torch.promote_types(conv_state.dtype, torch.float32))
 
     def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+        """Convolution (if any), L2 norms, gates from `hidden_states` (the tokens entering the state: W steps
+        late with a window), then the gated delta rule. The state: S, or (S, the convolution's last inputs)."""
         recurrent, conv_state = (state if isinstance(state, tuple) else (state, None))
         if self.options.conv_size:
             q, k, v, conv_state = self.convolve(q, k, v, conv_state, cu_seqlens)
         g, beta = self.gates(hidden_states)
         o, recurrent = gated_delta_rule(l2_normalize(q).to(v.dtype), l2_normalize(k).to(v.dtype), v, g, beta,
-                                        scale=self.scaling, initial_state=recurrent,
+                                        scale=self.read_scale, initial_state=recurrent,
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         if not output_final_state:
             return o, None
