@@ -141,3 +141,17 @@ def test_errors_name_the_problem():
         chunked_kl(hidden, weight, t_hidden, t_weight, mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="temperature"):
         chunked_kl(hidden, weight, t_hidden, t_weight, temperature=0.0)
+
+
+def test_a_teacher_run_under_inference_mode():
+    """The teacher's forward runs under torch.inference_mode: its hidden states and logits are inference
+    tensors, which the loss reads but never saves for backward."""
+    hidden, weight, t_hidden, t_weight = make((2, 7))
+    ref = chunked_kl(hidden, weight, t_hidden, t_weight, chunk_tokens=3)
+    with torch.inference_mode():
+        t_hidden, t_weight = t_hidden.clone(), t_weight.clone()
+        teacher_logits = F.linear(t_hidden, t_weight)
+    for kwargs in (dict(teacher_hidden=t_hidden, teacher_weight=t_weight), dict(teacher_logits=teacher_logits)):
+        out = chunked_kl(hidden, weight, chunk_tokens=3, **kwargs)
+        out.backward()
+        assert abs(out.item() - ref.item()) < 1e-6 * ref.item() and hidden.grad is not None
