@@ -165,3 +165,17 @@ def test_a_distill_stage_trains_the_same_with_the_fused_kl(tmp_path, source_dir,
     assert len(runs[True]) == 3
     for (kl, ce), (plain_kl, plain_ce) in zip(runs[True], runs[False]):
         assert kl == pytest.approx(plain_kl, rel=1e-4) and ce == pytest.approx(plain_ce, rel=1e-5)
+
+
+def test_a_teacher_run_under_inference_mode():
+    """The teacher's forward runs under torch.inference_mode: its hidden states and logits are inference
+    tensors, which the loss reads but never saves for backward."""
+    hidden, weight, t_hidden, t_weight = make((2, 7))
+    ref = chunked_kl(hidden, weight, t_hidden, t_weight, chunk_tokens=3)
+    with torch.inference_mode():
+        t_hidden, t_weight = t_hidden.clone(), t_weight.clone()
+        teacher_logits = F.linear(t_hidden, t_weight)
+    for kwargs in (dict(teacher_hidden=t_hidden, teacher_weight=t_weight), dict(teacher_logits=teacher_logits)):
+        out = chunked_kl(hidden, weight, chunk_tokens=3, **kwargs)
+        out.backward()
+        assert abs(out.item() - ref.item()) < 1e-6 * ref.item() and hidden.grad is not None
