@@ -8,6 +8,7 @@ import argparse
 
 from t2r.cli.eval_flags import add_eval_parsers
 from t2r.cli.values import boolean
+from t2r.convert.sensitivity import CRITERIA
 from t2r.dtypes import DTYPE_NAMES
 from t2r.version import version
 
@@ -64,6 +65,9 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
                              "or hub dataset; default: generated long documents); use text like the finetuning data")
     parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
     parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
+    parser.add_argument("--rank-by", choices=CRITERIA, default="kl",
+                        help="what --layers auto:N ranks by: kl (text), recall (MQAR answers), halo (recall cost "
+                             "over KL, HALO's retrieval/commonsense ratio) or kl+recall (default kl)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

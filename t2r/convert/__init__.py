@@ -4,7 +4,7 @@ the source what the settings ask for (`calibrated_convert`): which layers stay s
 `t2r.convert.layer_spec` is the grammar of a `layers` spec.
 """
 
-from t2r.convert.calibration import calibrated_convert, calibration_rows, resolve_layers, teacher_lookback
+from t2r.convert.calibration import calibrated_convert, calibration_rows, recall_rows, resolve_layers, teacher_lookback
 from t2r.convert.conversion import (
     ConversionReport,
     check_convertible,
@@ -21,6 +21,7 @@ from t2r.convert.sensitivity import LayerRanking, kl_to_reference, rank_layers
 __all__ = [
     "ConversionReport", "LayerRanking", "attention_lookback", "auto_softmax_count", "calibrated_convert",
     "calibration_rows", "check_convertible", "check_layer_spec", "compact_ranges", "conversion_report", "convert",
-    "count_parameters", "kl_to_reference", "parse_layers", "quiet_loading", "rank_layers", "resolve_layers",
+    "count_parameters", "kl_to_reference", "parse_layers", "quiet_loading", "rank_layers", "recall_rows",
+    "resolve_layers",
     "t2r_config", "teacher_lookback",
 ]

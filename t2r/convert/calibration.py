@@ -20,6 +20,7 @@ from t2r.convert.layer_spec import auto_softmax_count
 from t2r.convert.lookback import attention_lookback
 from t2r.convert.sensitivity import LayerRanking, rank_layers
 from t2r.data.config import DataConfig
+from t2r.data.recall_prompts import answer_rows, mqar_examples
 from t2r.data.rows import token_rows
 from t2r.data.synthetic import write_long_jsonl
 from t2r.layers.registry import get_mixer, teacher_init_refusal
@@ -36,11 +37,23 @@ def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = 4, l
     return token_rows(data, tokenizer, length, rows, seed, pack=True, part="train")
 
 
+RECALL_PAIRS = 64
+"""MQAR pairs of the recall prompts a ranking measures on: about 520 tokens, most answers far beyond a short
+window."""
+
+
+def recall_rows(tokenizer, rows: int = 4, pairs: int = RECALL_PAIRS, seed: int = 0):
+    """`(ids, answer mask)` of `rows` MQAR prompts of `pairs` pairs (seeded apart from the evaluation's prompts)."""
+    return answer_rows(mqar_examples(tokenizer, pairs, rows, seed=10_000 + seed))
+
+
 def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None = None, rows: int = 4,
-                   length: int = 512, out_dir: str | Path | None = None, progress: bool = True, **options):
+                   length: int = 512, out_dir: str | Path | None = None, progress: bool = True,
+                   rank_by: str = "kl", **options):
     """`layers` for `convert`: `spec` itself, or for `auto:N` the layers left after keeping the N most
-    sensitive as softmax (ranked on `calibration_rows`; ranking.json / ranking.png written to `out_dir`, and
-    read back from there when present, so a resumed run converts the same layers)."""
+    sensitive as softmax (ranked on `calibration_rows`, and on `recall_rows` unless `rank_by` is `kl`;
+    ranking.json / ranking.png written to `out_dir`, and read back from there when present, so a resumed run
+    converts the same layers)."""
     count = auto_softmax_count(spec)
     if count is None:
         return spec
@@ -49,13 +62,18 @@ def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None
         raise ValueError(f"layers={spec!r}: keep between 0 and {layers - 1} of {layers} layers as softmax "
                          "(at least one layer must be converted)")
     calibration = {"data": getattr(data, "path", None), "rows": rows, "length": length}
+    if rank_by != "kl":
+        calibration["recall_pairs"] = RECALL_PAIRS
     saved = Path(out_dir) / "ranking.json" if out_dir is not None else None
     if saved is not None and saved.is_file():
         stored = json.loads(saved.read_text())
-        if (stored.get("target"), stored.get("calibration"), len(stored["kl"])) == (target, calibration, layers):
-            return LayerRanking(target, stored["kl"], stored["tokens"], stored["options"]).converted_layers(count)
+        if (stored.get("target"), stored.get("calibration"), len(stored["kl"]), stored.get("criterion", "kl")) == (
+                target, calibration, layers, rank_by):
+            return LayerRanking(target, stored["kl"], stored["tokens"], stored["options"], recall=stored.get("recall"),
+                                criterion=rank_by).converted_layers(count)
     ids = calibration_rows(tokenizer, data, rows, length)
-    ranking = rank_layers(source, target, ids, progress=progress, **options)
+    recall = recall_rows(tokenizer, rows) if rank_by != "kl" else None
+    ranking = rank_layers(source, target, ids, progress=progress, recall=recall, criterion=rank_by, **options)
     ranking.calibration = calibration
     if out_dir is not None:
         ranking.write(out_dir, count)
@@ -71,12 +89,13 @@ def teacher_lookback(source, tokenizer, data: DataConfig | None = None, rows: in
 def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str = "default",
                        data: DataConfig | None = None, rows: int = 4, length: int = 512,
                        ranking_dir: str | Path | None = None, measure: Callable | None = None,
-                       source: str | None = None, copy: bool = True, **options):
+                       source: str | None = None, copy: bool = True, rank_by: str = "kl", **options):
     """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for.
 
     Args:
         layers: a layer spec (`t2r.convert.layer_spec`); for `auto:N` the layers are ranked first
-            (`resolve_layers`; the ranking is written to, and reused from, `ranking_dir`).
+            (`resolve_layers`, by `rank_by`, `t2r.convert.sensitivity.CRITERIA`; the ranking is written to, and
+            reused from, `ranking_dir`).
         init: `default`, or `teacher`: the new forget gates start from the source's look-back (`teacher_lookback`).
         data, rows, length: the text measured on (`calibration_rows`).
         measure: runs each measurement, `measure(fn) -> fn()` (default: right here). Training passes one that
@@ -89,6 +108,6 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str 
         raise ValueError(teacher_init_refusal(target))
     measure = measure or (lambda fn: fn())
     converted = measure(lambda: resolve_layers(layers, model, tokenizer, target, data=data, rows=rows, length=length,
-                                               out_dir=ranking_dir, **options))
+                                               out_dir=ranking_dir, rank_by=rank_by, **options))
     lookback = measure(lambda: teacher_lookback(model, tokenizer, data, rows, length)) if init == "teacher" else None
     return convert(model, target, layers=converted, source=source, lookback=lookback, copy=copy, **options)

@@ -8,6 +8,13 @@ most sensitive layers as softmax is `layers: "auto:N"` in `t2r convert` and in r
 
 The converted layer is untrained here (no alignment step), so the ranking says where the model leans on exact
 softmax attention, measured on the text given: use text like the finetuning data.
+
+Text KL alone favours the first layers (a fresh conversion of layer 0 or 1 breaks everything) and is blind to
+retrieval, the one thing a fixed-size state loses. With recall prompts (MQAR, `t2r.data.recall_prompts`) each
+layer also gets a recall cost: how much converting it alone raises the answer tokens' loss. Criteria
+(`CRITERIA`): `kl`; `recall` (the recall cost alone: the Jet-Nemotron sweep's retrieval drop); `halo` (recall cost
+over text KL, capped at 50: HALO keeps the layers whose conversion hurts retrieval much more than general text,
+and so converts layer 0); `kl+recall` (each normalised by its mean over layers, summed).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from tqdm.auto import tqdm
 
 from t2r.convert.conversion import convert
 
+CRITERIA = ("kl", "recall", "halo", "kl+recall")
+HALO_CAP = 50.0
+
 
 @dataclass
 class LayerRanking:
@@ -33,14 +43,37 @@ class LayerRanking:
     options: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
     """What was ranked on (data path, rows, length): a saved ranking is reused only for the same."""
+    recall: list[float] | None = None
+    """Per layer: how much converting only this layer raises the recall answers' loss (nats per answer token)."""
+    criterion: str = "kl"
+    """What `scores` ranks by (`CRITERIA`)."""
+
+    def scores(self) -> list[float]:
+        """Per layer, by `criterion`: the larger, the more the layer should stay softmax."""
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"rank by {self.criterion!r}: choose one of {', '.join(CRITERIA)}")
+        if self.criterion == "kl":
+            return list(self.kl)
+        if self.recall is None:
+            raise ValueError(f"rank by {self.criterion!r} needs recall costs: rank with recall prompts")
+        if self.criterion == "recall":
+            return list(self.recall)
+        if self.criterion == "halo":
+            return [min(max(r, 0.0) / max(k, 1e-6), HALO_CAP) for r, k in zip(self.recall, self.kl)]
+        mean_kl = sum(self.kl) / len(self.kl) or 1.0
+        mean_recall = sum(abs(r) for r in self.recall) / len(self.recall) or 1.0
+        return [k / mean_kl + r / mean_recall for k, r in zip(self.kl, self.recall)]
+
+    def order(self) -> list[int]:
+        scores = self.scores()
+        return sorted(range(len(scores)), key=lambda i: -scores[i])
 
     def most_sensitive(self, count: int) -> list[int]:
-        """The `count` layers with the largest KL, in layer order."""
+        """The `count` layers with the largest score, in layer order."""
         if not 0 <= count < len(self.kl):
             raise ValueError(f"auto:{count}: keep between 0 and {len(self.kl) - 1} of {len(self.kl)} layers as "
                              "softmax (at least one layer must be converted)")
-        order = sorted(range(len(self.kl)), key=lambda i: -self.kl[i])
-        return sorted(order[:count])
+        return sorted(self.order()[:count])
 
     def converted_layers(self, softmax_count: int) -> list[int]:
         kept = set(self.most_sensitive(softmax_count))
@@ -52,28 +85,46 @@ class LayerRanking:
         directory.mkdir(parents=True, exist_ok=True)
         kept = self.most_sensitive(softmax_count) if softmax_count else []
         (directory / "ranking.json").write_text(json.dumps(
-            {**asdict(self), "order": sorted(range(len(self.kl)), key=lambda i: -self.kl[i]),
-             "softmax_layers": kept}, indent=2) + "\n")
+            {**asdict(self), "order": self.order(), "softmax_layers": kept}, indent=2) + "\n")
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(max(6, len(self.kl) * 0.3), 3.2))
-        ax.bar(range(len(self.kl)), self.kl, color=["#d62728" if i in kept else "#1f77b4" for i in range(len(self.kl))])
-        ax.set_xlabel("layer")
-        ax.set_ylabel("KL to source (nats/token)")
-        ax.set_title(f"sensitivity to {self.target}, one layer converted at a time"
-                     + (f" (red: {len(kept)} kept softmax)" if kept else ""))
+        panels = [("KL to source (nats/token)", self.kl)]
+        if self.recall is not None:
+            panels.append(("recall cost (nats/answer token)", self.recall))
+        if self.criterion not in ("kl", "recall"):
+            panels.append((f"score ({self.criterion})", self.scores()))
+        fig, axes = plt.subplots(len(panels), 1, figsize=(max(6, len(self.kl) * 0.3), 2.4 * len(panels) + 0.8),
+                                 squeeze=False, sharex=True)
+        colors = ["#d62728" if i in kept else "#1f77b4" for i in range(len(self.kl))]
+        for ax, (label, values) in zip(axes[:, 0], panels):
+            ax.bar(range(len(values)), values, color=colors)
+            ax.set_ylabel(label, fontsize=8)
+        axes[-1, 0].set_xlabel("layer")
+        axes[0, 0].set_title(f"sensitivity to {self.target}, one layer converted at a time, ranked by "
+                             f"{self.criterion}" + (f" (red: {len(kept)} kept softmax)" if kept else ""))
         fig.tight_layout()
         fig.savefig(directory / "ranking.png", dpi=120)
         plt.close(fig)
         return directory / "ranking.json"
 
     def table(self) -> str:
-        order = sorted(range(len(self.kl)), key=lambda i: -self.kl[i])
-        lines = [f"| rank | layer | KL (nats/token, {self.tokens} tokens) |", "|---|---|---|"]
-        lines += [f"| {rank + 1} | {i} | {self.kl[i]:.4f} |" for rank, i in enumerate(order)]
+        scores = self.scores()
+        head = f"| rank | layer | KL (nats/token, {self.tokens} tokens) |"
+        if self.recall is not None:
+            head += " recall cost (nats/answer token) |"
+        if self.criterion not in ("kl", "recall"):
+            head += f" {self.criterion} score |"
+        lines = [head, "|---" * head.count(" |") + "|"]
+        for rank, i in enumerate(self.order()):
+            row = f"| {rank + 1} | {i} | {self.kl[i]:.4f} |"
+            if self.recall is not None:
+                row += f" {self.recall[i]:.4f} |"
+            if self.criterion not in ("kl", "recall"):
+                row += f" {scores[i]:.3f} |"
+            lines.append(row)
         return "\n".join(lines)
 
 
@@ -91,19 +142,42 @@ def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor
 
 
 @torch.no_grad()
+def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int) -> float:
+    """Mean next-token loss over the positions `answers` `[N, width]` (bool) marks in `ids` `[N, width]`."""
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for start in range(0, len(ids), batch_size):
+        rows, mask = ids[start:start + batch_size].to(device), answers[start:start + batch_size, 1:].to(device)
+        logits = model(rows, use_cache=False).logits[:, :-1].float()
+        loss = F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+        total += loss[mask].sum().item()
+        count += int(mask.sum())
+    return total / max(count, 1)
+
+
+@torch.no_grad()
 def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 4, progress: bool = True,
+                recall: tuple[torch.Tensor, torch.Tensor] | None = None, criterion: str = "kl",
                 **options) -> LayerRanking:
     """Convert one layer at a time (`t2r.convert(source, target, layers=[i], **options)`) and measure its KL
-    to `source` on `input_ids` `[rows, length]`."""
+    to `source` on `input_ids` `[rows, length]`, and with `recall` (`(ids, answer mask)`, as
+    `t2r.data.recall_prompts.answer_rows` makes) how much it raises the loss of the answers."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"rank by {criterion!r}: choose one of {', '.join(CRITERIA)}")
+    if criterion != "kl" and recall is None:
+        raise ValueError(f"rank by {criterion!r} needs recall prompts")
     source = source.eval()
     device = next(source.parameters()).device
     reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False).logits[:, :-1].float(),
                                -1).cpu() for s in range(0, len(input_ids), batch_size)]
-    kl = []
+    source_recall = answer_loss(source, *recall, batch_size) if recall is not None else None
+    kl, costs = [], []
     for layer in tqdm(range(source.config.num_hidden_layers), desc=f"rank layers ({target})",
                       disable=None if progress else True, leave=False):
         single = convert(source, target, layers=[layer], **options).eval()
         kl.append(kl_to_reference(single, input_ids, reference, batch_size))
+        if recall is not None:
+            costs.append(answer_loss(single, *recall, batch_size) - source_recall)
         del single
     return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
-                        options=dict(options))
+                        options=dict(options), recall=costs if recall is not None else None, criterion=criterion)

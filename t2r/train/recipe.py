@@ -17,6 +17,7 @@ from typing import ClassVar, Sequence
 
 import yaml
 
+from t2r.convert.sensitivity import CRITERIA as RANK_CRITERIA
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import EvalSettings
@@ -61,10 +62,14 @@ class ConvertSection:
     """Layers to convert, e.g. "0-15,20" (default: all); "auto:N" keeps the N layers most sensitive to conversion
     as softmax, ranked on the training text (`t2r rank-layers`; the ranking is saved in <checkpoint.dir>)."""
     options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
+    rank_by: str = "kl"
+    """What "auto:N" ranks layers by: kl (text), recall (MQAR answers), halo (recall cost over KL) or kl+recall
+    (`t2r.convert.sensitivity`)."""
     init: str = "default"
     """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
     attention looks on the training text, `t2r.convert.lookback`; targets with `MixerSpec.teacher_init`)."""
-    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")}}
+    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")},
+                             "rank_by": {"choices": RANK_CRITERIA}}
 
 
 @dataclass

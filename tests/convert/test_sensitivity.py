@@ -108,3 +108,79 @@ def test_student_and_teacher_never_share_weights(tmp_path, source_dir, corpus, o
     model, _, teacher = build_model(recipe(tmp_path, source_dir, corpus, **overrides))
     teacher_pointers = {p.data_ptr() for p in teacher.parameters()}
     assert not any(p.data_ptr() in teacher_pointers for p in model.parameters())
+
+
+RECALL = (IDS, torch.zeros_like(IDS, dtype=torch.bool).index_fill_(1, torch.tensor([9, 14, 19]), True))
+
+
+def test_recall_cost_is_the_answer_loss_a_layer_adds():
+    """With o_proj of layer 1 zeroed, converting it leaves every answer's loss exactly as the source's (cost 0);
+    the recall criterion orders layers by their cost. The cost is the loss at the marked positions only."""
+    from t2r.convert.sensitivity import answer_loss
+
+    source = tiny_source("llama")
+    with torch.no_grad():
+        source.model.layers[1].self_attn.o_proj.weight.zero_()
+    ranking = rank_layers(source, "gsa", IDS, batch_size=2, progress=False, recall=RECALL, criterion="recall",
+                          num_slots=4)
+    assert ranking.recall[1] == pytest.approx(0.0, abs=1e-6) and min(ranking.recall[0], ranking.recall[2]) != 0
+    assert ranking.order() == sorted(range(3), key=lambda i: -ranking.recall[i])
+    logits = source(IDS, use_cache=False).logits[:, :-1]
+    by_hand = torch.nn.functional.cross_entropy(logits[:, [8, 13, 18]].reshape(-1, logits.shape[-1]),
+                                                IDS[:, [9, 14, 19]].reshape(-1))
+    assert answer_loss(source, *RECALL, batch_size=2) == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_criteria_rank_by_what_they_say():
+    ranking = LayerRanking("gdn", kl=[5.0, 0.1, 0.2, 0.4], tokens=10, recall=[2.0, 1.0, 0.02, 0.8])
+    assert ranking.most_sensitive(1) == [0]                                  # kl
+    ranking.criterion = "recall"
+    assert ranking.order() == [0, 1, 3, 2]
+    ranking.criterion = "halo"                                              # recall over kl, capped at 50
+    assert ranking.scores() == pytest.approx([0.4, 10.0, 0.1, 2.0]) and ranking.most_sensitive(2) == [1, 3]
+    assert LayerRanking("gdn", [1e-9], 1, recall=[1.0], criterion="halo").scores() == [50.0]
+    ranking.criterion = "kl+recall"
+    assert ranking.scores()[0] == pytest.approx(5.0 / 1.425 + 2.0 / 0.955)
+    with pytest.raises(ValueError, match="needs recall costs"):
+        LayerRanking("gdn", kl=[1.0], tokens=1, criterion="halo").scores()
+    with pytest.raises(ValueError, match="choose one of kl, recall, halo, kl\\+recall"):
+        LayerRanking("gdn", kl=[1.0], tokens=1, criterion="ratio").scores()
+    with pytest.raises(ValueError, match="needs recall prompts"):
+        rank_layers(tiny_source("llama"), "gsa", IDS, progress=False, criterion="halo")
+
+
+def test_a_saved_ranking_is_reused_only_for_the_same_criterion(tmp_path, monkeypatch):
+    source = tiny_source("llama")
+    monkeypatch.setattr(calibration, "calibration_rows", lambda *a, **k: IDS)
+    monkeypatch.setattr(calibration, "recall_rows", lambda *a, **k: RECALL)
+    by_kl = resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, progress=False, num_slots=4)
+    ranked = []
+    real = calibration.rank_layers
+    monkeypatch.setattr(calibration, "rank_layers", lambda *a, **k: ranked.append(k["criterion"]) or real(*a, **k))
+    by_recall = resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, progress=False, rank_by="recall",
+                               num_slots=4)
+    assert ranked == ["recall"] and len(by_recall) == len(by_kl) == 2
+    saved = json.loads((tmp_path / "ranking.json").read_text())
+    assert saved["criterion"] == "recall" and len(saved["recall"]) == 3
+    assert resolve_layers("auto:1", source, None, "gsa", out_dir=tmp_path, rank_by="recall", num_slots=4) == by_recall
+    assert ranked == ["recall"]
+
+
+def test_answer_rows_mark_the_answer_tokens():
+    from t2r.data.recall_prompts import RecallExample, answer_rows
+
+    ids, mask = answer_rows([RecallExample([1, 2, 3, 4], [[2], [3]]), RecallExample([5, 6], [[1]])])
+    assert ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert mask.tolist() == [[False, False, True, True], [False, True, False, False]]
+
+
+def test_recipes_and_the_command_line_take_rank_by():
+    from t2r.cli.parser import build_parser
+    from t2r.train.recipe import RecipeError
+    from tests.helpers.recipes import make_recipe
+
+    assert make_recipe("convert.rank_by=halo").convert.rank_by == "halo"
+    with pytest.raises(RecipeError, match="rank_by"):
+        make_recipe("convert.rank_by=ratio")
+    args = build_parser().parse_args(["rank-layers", "--to", "gdn", "--out", "x", "--rank-by", "kl+recall"])
+    assert args.rank_by == "kl+recall"
