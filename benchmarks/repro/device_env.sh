@@ -6,7 +6,7 @@
 #                                                    # same, rc 1 unless model, data, eval tasks and both
 #                                                    # wheel sets are all staged; then `t2r_pack smollm2-gsa`
 #
-# Each call may carry some of .stage/{model-a,model-b,wheels-core,wheels-lmeval,data,eval} (recipes/repro/README.md
+# Each call may carry some of .stage/{model-a,model-b,wheels-core,wheels-lmeval,data,data-*,eval} (recipes/repro/README.md
 # says which); they accumulate in /tmp/t2r-stage, which lasts while the machine stays warm (30 s after a call).
 # Idempotent: wheels are installed into /tmp/site once each, the GGUF is joined from its two halves and checked
 # against its sha256 into $T2R_CACHE once, and load_source("smollm2") then writes the dense copy there once.
@@ -39,6 +39,8 @@ _t2r_env() {
     # 1. accumulate what this call carried
     for d in model-a model-b; do [ -d "$R/.stage/$d" ] && cp -rf "$R/.stage/$d/." "$S/model/"; done
     for d in wheels-core wheels-lmeval; do [ -d "$R/.stage/$d" ] && cp -rf "$R/.stage/$d/." "$S/wheels/"; done
+    # .stage/data-*: parts of the data, for calls that cannot carry all of it at once
+    for d in "$R"/.stage/data-*; do [ -d "$d" ] && cp -rf "$d/." "$S/data/"; done
     for d in data eval; do
         if [ -d "$R/.stage/$d" ] && [ ! -L "$R/.stage/$d" ]; then cp -rf "$R/.stage/$d/." "$S/$d/"; rm -rf "$R/.stage/$d"; fi
         [ -e "$R/.stage/$d" ] || ln -s "$S/$d" "$R/.stage/$d"

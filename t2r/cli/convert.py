@@ -38,7 +38,7 @@ def run_convert(args) -> int:
     model = calibrated_convert(source, tokenizer, args.target, layers=args.layers, init=args.init,
                                data=DataConfig(path=args.data) if args.data else None, rows=args.calibration_rows,
                                length=args.calibration_length, ranking_dir=ranking_dir, source=args.model, copy=False,
-                               rank_by=args.rank_by, **options)
+                               rank_by=args.rank_by, rank_sweep=args.rank_sweep, **options)
     if auto_softmax_count(args.layers) is not None:
         converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
         print(f"{args.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
@@ -71,7 +71,8 @@ def run_rank_layers(args) -> int:
     ids = calibration_rows(tokenizer, DataConfig(path=args.data) if args.data else None,
                            args.calibration_rows, args.calibration_length)
     recall = recall_rows(tokenizer, args.calibration_rows) if args.rank_by != "kl" else None
-    ranking = rank_layers(source, args.target, ids, recall=recall, criterion=args.rank_by, **options)
+    ranking = rank_layers(source, args.target, ids, recall=recall, criterion=args.rank_by, sweep=args.rank_sweep,
+                          **options)
     path = ranking.write(args.out, args.keep)
     print(ranking.table())
     if args.keep:

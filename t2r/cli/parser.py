@@ -8,7 +8,7 @@ import argparse
 
 from t2r.cli.eval_flags import add_eval_parsers
 from t2r.cli.values import boolean
-from t2r.convert.sensitivity import CRITERIA
+from t2r.convert.sensitivity import CRITERIA, SWEEPS
 from t2r.dtypes import DTYPE_NAMES
 from t2r.version import version
 
@@ -68,6 +68,9 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-by", choices=CRITERIA, default="kl",
                         help="what --layers auto:N ranks by: kl (text), recall (MQAR answers), halo (recall cost "
                              "over KL, HALO's retrieval/commonsense ratio) or kl+recall (default kl)")
+    parser.add_argument("--rank-sweep", choices=SWEEPS, default="convert-one",
+                        help="convert-one: each layer's cost converted alone; keep-one: what keeping it softmax buys "
+                             "back with all others converted (finds where retrieval lives) (default convert-one)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

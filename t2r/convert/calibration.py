@@ -49,9 +49,10 @@ def recall_rows(tokenizer, rows: int = 4, pairs: int = RECALL_PAIRS, seed: int =
 
 def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None = None, rows: int = 4,
                    length: int = 512, out_dir: str | Path | None = None, progress: bool = True,
-                   rank_by: str = "kl", **options):
+                   rank_by: str = "kl", rank_sweep: str = "convert-one", **options):
     """`layers` for `convert`: `spec` itself, or for `auto:N` the layers left after keeping the N most
-    sensitive as softmax (ranked on `calibration_rows`, and on `recall_rows` unless `rank_by` is `kl`;
+    sensitive as softmax (ranked on `calibration_rows`, and on `recall_rows` unless `rank_by` is `kl`, by the
+    `rank_sweep` of `t2r.convert.sensitivity`;
     ranking.json / ranking.png written to `out_dir`, and read back from there when present, so a resumed run
     converts the same layers)."""
     count = auto_softmax_count(spec)
@@ -64,16 +65,19 @@ def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None
     calibration = {"data": getattr(data, "path", None), "rows": rows, "length": length}
     if rank_by != "kl":
         calibration["recall_pairs"] = RECALL_PAIRS
+    if rank_sweep != "convert-one":
+        calibration["sweep"] = rank_sweep
     saved = Path(out_dir) / "ranking.json" if out_dir is not None else None
     if saved is not None and saved.is_file():
         stored = json.loads(saved.read_text())
         if (stored.get("target"), stored.get("calibration"), len(stored["kl"]), stored.get("criterion", "kl")) == (
                 target, calibration, layers, rank_by):
             return LayerRanking(target, stored["kl"], stored["tokens"], stored["options"], recall=stored.get("recall"),
-                                criterion=rank_by).converted_layers(count)
+                                criterion=rank_by, sweep=rank_sweep).converted_layers(count)
     ids = calibration_rows(tokenizer, data, rows, length)
     recall = recall_rows(tokenizer, rows) if rank_by != "kl" else None
-    ranking = rank_layers(source, target, ids, progress=progress, recall=recall, criterion=rank_by, **options)
+    ranking = rank_layers(source, target, ids, progress=progress, recall=recall, criterion=rank_by, sweep=rank_sweep,
+                          **options)
     ranking.calibration = calibration
     if out_dir is not None:
         ranking.write(out_dir, count)
@@ -89,13 +93,14 @@ def teacher_lookback(source, tokenizer, data: DataConfig | None = None, rows: in
 def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str = "default",
                        data: DataConfig | None = None, rows: int = 4, length: int = 512,
                        ranking_dir: str | Path | None = None, measure: Callable | None = None,
-                       source: str | None = None, copy: bool = True, rank_by: str = "kl", **options):
+                       source: str | None = None, copy: bool = True, rank_by: str = "kl",
+                       rank_sweep: str = "convert-one", **options):
     """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for.
 
     Args:
         layers: a layer spec (`t2r.convert.layer_spec`); for `auto:N` the layers are ranked first
-            (`resolve_layers`, by `rank_by`, `t2r.convert.sensitivity.CRITERIA`; the ranking is written to, and
-            reused from, `ranking_dir`).
+            (`resolve_layers`, by `rank_by` and `rank_sweep`, `t2r.convert.sensitivity`; the ranking is written
+            to, and reused from, `ranking_dir`).
         init: `default`, or `teacher`: the new forget gates start from the source's look-back (`teacher_lookback`).
         data, rows, length: the text measured on (`calibration_rows`).
         measure: runs each measurement, `measure(fn) -> fn()` (default: right here). Training passes one that
@@ -108,6 +113,7 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str 
         raise ValueError(teacher_init_refusal(target))
     measure = measure or (lambda fn: fn())
     converted = measure(lambda: resolve_layers(layers, model, tokenizer, target, data=data, rows=rows, length=length,
-                                               out_dir=ranking_dir, rank_by=rank_by, **options))
+                                               out_dir=ranking_dir, rank_by=rank_by, rank_sweep=rank_sweep,
+                                               **options))
     lookback = measure(lambda: teacher_lookback(model, tokenizer, data, rows, length)) if init == "teacher" else None
     return convert(model, target, layers=converted, source=source, lookback=lookback, copy=copy, **options)

@@ -15,6 +15,12 @@ layer also gets a recall cost: how much converting it alone raises the answer to
 (`CRITERIA`): `kl`; `recall` (the recall cost alone: the Jet-Nemotron sweep's retrieval drop); `halo` (recall cost
 over text KL, capped at 50: HALO keeps the layers whose conversion hurts retrieval much more than general text,
 and so converts layer 0); `kl+recall` (each normalised by its mean over layers, summed).
+
+Two sweeps (`SWEEPS`): `convert-one` converts one layer at a time (the cost of converting it alone), `keep-one`
+converts all but one (what keeping that layer softmax buys back in an otherwise converted model: KL and recall
+loss of the all-converted model minus those with the layer kept). In a hybrid most layers are converted, and a
+lone converted layer with a window barely touches recall (the other layers still see everything), so
+`keep-one` is the sweep that finds the layers retrieval lives in.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tqdm.auto import tqdm
 from t2r.convert.conversion import convert
 
 CRITERIA = ("kl", "recall", "halo", "kl+recall")
+SWEEPS = ("convert-one", "keep-one")
 HALO_CAP = 50.0
 
 
@@ -47,6 +54,9 @@ class LayerRanking:
     """Per layer: how much converting only this layer raises the recall answers' loss (nats per answer token)."""
     criterion: str = "kl"
     """What `scores` ranks by (`CRITERIA`)."""
+    sweep: str = "convert-one"
+    """How `kl` and `recall` were measured (`SWEEPS`): the cost of converting only this layer, or the gain of
+    keeping only this layer softmax."""
 
     def scores(self) -> list[float]:
         """Per layer, by `criterion`: the larger, the more the layer should stay softmax."""
@@ -158,26 +168,44 @@ def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int
 @torch.no_grad()
 def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 4, progress: bool = True,
                 recall: tuple[torch.Tensor, torch.Tensor] | None = None, criterion: str = "kl",
-                **options) -> LayerRanking:
-    """Convert one layer at a time (`t2r.convert(source, target, layers=[i], **options)`) and measure its KL
-    to `source` on `input_ids` `[rows, length]`, and with `recall` (`(ids, answer mask)`, as
-    `t2r.data.recall_prompts.answer_rows` makes) how much it raises the loss of the answers."""
+                sweep: str = "convert-one", **options) -> LayerRanking:
+    """Per layer, the KL to `source` on `input_ids` `[rows, length]` and, with `recall` (`(ids, answer mask)`,
+    as `t2r.data.recall_prompts.answer_rows` makes), the loss of the recall answers: with only that layer
+    converted (`convert-one`: the rise over the source), or with all but that layer converted (`keep-one`:
+    the fall from the all-converted model). Conversions are `t2r.convert(source, target, layers=..., **options)`."""
     if criterion not in CRITERIA:
         raise ValueError(f"rank by {criterion!r}: choose one of {', '.join(CRITERIA)}")
+    if sweep not in SWEEPS:
+        raise ValueError(f"sweep {sweep!r}: choose one of {', '.join(SWEEPS)}")
     if criterion != "kl" and recall is None:
         raise ValueError(f"rank by {criterion!r} needs recall prompts")
     source = source.eval()
     device = next(source.parameters()).device
+    layers = source.config.num_hidden_layers
     reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False).logits[:, :-1].float(),
                                -1).cpu() for s in range(0, len(input_ids), batch_size)]
-    source_recall = answer_loss(source, *recall, batch_size) if recall is not None else None
+
+    def measure(converted_layers) -> tuple[float, float | None]:
+        with torch.random.fork_rng(devices=[]):  # every conversion's new gates from the same seed: reproducible
+            torch.manual_seed(0)
+            model = convert(source, target, layers=converted_layers, **options).eval()
+        kl = kl_to_reference(model, input_ids, reference, batch_size)
+        return kl, (answer_loss(model, *recall, batch_size) if recall is not None else None)
+
+    if sweep == "convert-one":
+        base_kl, base_recall = 0.0, answer_loss(source, *recall, batch_size) if recall is not None else None
+        sign = 1.0
+    else:
+        base_kl, base_recall = measure(list(range(layers)))
+        sign = -1.0
     kl, costs = [], []
-    for layer in tqdm(range(source.config.num_hidden_layers), desc=f"rank layers ({target})",
-                      disable=None if progress else True, leave=False):
-        single = convert(source, target, layers=[layer], **options).eval()
-        kl.append(kl_to_reference(single, input_ids, reference, batch_size))
+    for layer in tqdm(range(layers), desc=f"rank layers ({target}, {sweep})", disable=None if progress else True,
+                      leave=False):
+        one = [layer] if sweep == "convert-one" else [i for i in range(layers) if i != layer]
+        layer_kl, layer_recall = measure(one)
+        kl.append(sign * (layer_kl - base_kl))
         if recall is not None:
-            costs.append(answer_loss(single, *recall, batch_size) - source_recall)
-        del single
+            costs.append(sign * (layer_recall - base_recall))
     return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
-                        options=dict(options), recall=costs if recall is not None else None, criterion=criterion)
+                        options=dict(options), recall=costs if recall is not None else None, criterion=criterion,
+                        sweep=sweep)

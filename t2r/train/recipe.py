@@ -18,6 +18,7 @@ from typing import ClassVar, Sequence
 import yaml
 
 from t2r.convert.sensitivity import CRITERIA as RANK_CRITERIA
+from t2r.convert.sensitivity import SWEEPS as RANK_SWEEPS
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import EvalSettings
@@ -65,11 +66,14 @@ class ConvertSection:
     rank_by: str = "kl"
     """What "auto:N" ranks layers by: kl (text), recall (MQAR answers), halo (recall cost over KL) or kl+recall
     (`t2r.convert.sensitivity`)."""
+    rank_sweep: str = "convert-one"
+    """How "auto:N" measures each layer: convert-one (the cost of converting it alone) or keep-one (what keeping
+    it softmax buys back when all others are converted: the sweep that finds where retrieval lives)."""
     init: str = "default"
     """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
     attention looks on the training text, `t2r.convert.lookback`; targets with `MixerSpec.teacher_init`)."""
     RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")},
-                             "rank_by": {"choices": RANK_CRITERIA}}
+                             "rank_by": {"choices": RANK_CRITERIA}, "rank_sweep": {"choices": RANK_SWEEPS}}
 
 
 @dataclass

@@ -183,4 +183,34 @@ def test_recipes_and_the_command_line_take_rank_by():
     with pytest.raises(RecipeError, match="rank_by"):
         make_recipe("convert.rank_by=ratio")
     args = build_parser().parse_args(["rank-layers", "--to", "gdn", "--out", "x", "--rank-by", "kl+recall"])
-    assert args.rank_by == "kl+recall"
+    assert args.rank_by == "kl+recall" and args.rank_sweep == "convert-one"
+    assert make_recipe("convert.rank_sweep=keep-one").convert.rank_sweep == "keep-one"
+
+
+def test_keep_one_measures_what_keeping_a_layer_buys_back():
+    """keep-one: KL and recall loss of the all-converted model minus those with one layer kept softmax. Layer 1
+    with a zeroed o_proj adds nothing whether kept or converted: its KL gain is about 0 (not exactly: the other
+    layers' new gates draw other random numbers when layer 1 is not converted)."""
+    from t2r.convert import convert
+    from t2r.convert.sensitivity import answer_loss, kl_to_reference
+
+    source = tiny_source("llama")
+    with torch.no_grad():
+        source.model.layers[1].self_attn.o_proj.weight.zero_()
+    ranking = rank_layers(source, "gsa", IDS, batch_size=3, progress=False, recall=RECALL, sweep="keep-one",
+                          criterion="kl+recall", num_slots=4)
+    assert ranking.sweep == "keep-one"
+    assert abs(ranking.kl[1]) < 0.01 * max(map(abs, ranking.kl))
+    reference = [torch.log_softmax(source(IDS, use_cache=False).logits[:, :-1].float(), -1)]
+
+    def seeded(layers):  # as rank_layers converts: each conversion from seed 0
+        torch.manual_seed(0)
+        return convert(source, "gsa", layers=layers, num_slots=4).eval()
+
+    every, kept_0 = seeded([0, 1, 2]), seeded([1, 2])
+    expected = kl_to_reference(every, IDS, reference, 3) - kl_to_reference(kept_0, IDS, reference, 3)
+    assert ranking.kl[0] == pytest.approx(expected, rel=1e-4)
+    expected = answer_loss(every, *RECALL, 3) - answer_loss(kept_0, *RECALL, 3)
+    assert ranking.recall[0] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    with pytest.raises(ValueError, match="choose one of convert-one, keep-one"):
+        rank_layers(source, "gsa", IDS, progress=False, sweep="drop-one")

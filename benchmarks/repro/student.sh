@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One SmolLM2 student trained and evaluated on one GPU machine (issue 31), across back-to-back device calls.
+# Source benchmarks/repro/device_env.sh first (model, data, eval tasks and wheels staged).
+#
+#   bash benchmarks/repro/student.sh train NAME SECONDS [section.field=value ...]
+#        t2r finetune --config recipes/frontier/NAME.yaml for at most SECONDS (SIGINT at the end: the newest
+#        checkpoint stays), resuming when runs/NAME holds one; the first call's start-up is traced
+#        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt)
+#   bash benchmarks/repro/student.sh eval NAME [flag ...]
+#        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity on 64 rows
+#        of held-out documents, MQAR, passkey to 2K, the local tasks) and at 8K (perplexity on 16 packed rows
+#        of 8192 tokens, passkey at 4K and 8K)
+#   bash benchmarks/repro/student.sh pack NAME     # runs/NAME without weights -> $OUT/NAME.tgz
+set -u
+what=$1 name=$2
+shift 2
+run=runs/$name
+out=${OUT:-/tmp}
+case $what in
+train)
+    seconds=$1; shift
+    resume=(); [ -n "$(ls -d "$run"/step-* 2>/dev/null)" ] && resume=(--resume)
+    trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$name-stacks.txt")
+    if [ ${#trace[@]} -gt 0 ]; then
+        timeout -s INT "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
+            finetune --config "recipes/frontier/$name.yaml" "$@" >> "$out/$name-train.log" 2>&1
+    else
+        timeout -s INT "$seconds" python3 -m t2r.cli finetune --config "recipes/frontier/$name.yaml" "$@" \
+            "${resume[@]}" >> "$out/$name-train.log" 2>&1
+    fi
+    rc=$?
+    echo "== $name train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$name-train.log" | tail -4
+    [ -d "$run/final" ] && echo "== $name final written"
+    ;;
+eval)
+    common=(--model "$run/final" --data .stage/data/validation-00.jsonl.gz --data-documents 1024 --batch-size 8
+            --windows 32,64,128,256,512,1024,2048 --sinks 4)
+    python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-2k" --ppl-length 2048 --ppl-rows 64 \
+        --mqar-pairs 8,32,64,128 --mqar-prompts 16 --passkey-lengths 512,1024,2048 --passkey-prompts 4 \
+        --tasks .stage/eval --lm-eval-max-length 2048 "$@" > "$out/$name-eval-2k.log" 2>&1
+    echo "== $name eval 2K rc $?"; grep -iE "frontier|below|above" "$run/eval-2k/report.md" | head -12
+    python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-8k" --ppl-length 8192 --ppl-rows 16 --pack true \
+        --suites ppl,passkey --passkey-lengths 4096,8192 --passkey-prompts 4 --batch-size 2 "$@" \
+        > "$out/$name-eval-8k.log" 2>&1
+    echo "== $name eval 8K rc $?"; grep -iE "frontier|below|above" "$run/eval-8k/report.md" | head -12
+    ;;
+pack)
+    tar czf "$out/$name.tgz" --exclude=final --exclude='step-*' --exclude='.tmp-*' -C runs "$name" && ls -l "$out/$name.tgz"
+    ;;
+*) echo "usage: student.sh train|eval|pack NAME ..."; exit 2 ;;
+esac
