@@ -32,7 +32,8 @@ def test_every_shipped_recipe_loads_and_is_listed():
     files = sorted(RECIPES.glob("*.yaml"))
     assert {f.stem for f in files} == {
         "mistral-7b-gsa-20b", "mistral-7b-gla-20b", "mistral-7b-retnet-20b", "mistral-7b-gsa-100b",
-        "llama-3-8b-gsa-20b", "smollm2-gsa-cpu", "smollm2-gsa-h100", "smollm2-staged-cpu", "smollm2-staged-h100"}
+        "llama-3-8b-gsa-20b", "smollm2-gsa-cpu", "smollm2-gsa-h100", "smollm2-staged-cpu", "smollm2-staged-h100",
+        "smollm2-best-h100"}
     table = (RECIPES / "README.md").read_text()
     for f in files:
         recipe = load_recipe(f, check_files=False)
