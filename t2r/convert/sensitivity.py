@@ -25,6 +25,7 @@ lone converted layer with a window barely touches recall (the other layers still
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -182,18 +183,25 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
     source = source.eval()
     device = next(source.parameters()).device
     layers = source.config.num_hidden_layers
-    reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False).logits[:, :-1].float(),
-                               -1).cpu() for s in range(0, len(input_ids), batch_size)]
+    # on a GPU under bf16 autocast, so that the mixers run their kernels (in fp32 they take the PyTorch paths:
+    # 142 s for a keep-one ranking of SmolLM2 on an H100); the ranking compares layers, not digits
+    fast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    with fast:
+        reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False)
+                                   .logits[:, :-1].float(), -1).cpu() for s in range(0, len(input_ids), batch_size)]
 
     def measure(converted_layers) -> tuple[float, float | None]:
         with torch.random.fork_rng(devices=[]):  # every conversion's new gates from the same seed: reproducible
             torch.manual_seed(0)
             model = convert(source, target, layers=converted_layers, **options).eval()
-        kl = kl_to_reference(model, input_ids, reference, batch_size)
-        return kl, (answer_loss(model, *recall, batch_size) if recall is not None else None)
+        with fast:
+            kl = kl_to_reference(model, input_ids, reference, batch_size)
+            return kl, (answer_loss(model, *recall, batch_size) if recall is not None else None)
 
     if sweep == "convert-one":
-        base_kl, base_recall = 0.0, answer_loss(source, *recall, batch_size) if recall is not None else None
+        with fast:
+            base_recall = answer_loss(source, *recall, batch_size) if recall is not None else None
+        base_kl = 0.0
         sign = 1.0
     else:
         base_kl, base_recall = measure(list(range(layers)))

@@ -90,6 +90,25 @@ def test_flex_attention_form_equals_the_rule(shape, assert_close):
     assert_close(flex_window_attention(q, k, v, **kwargs), naive_window_attention(q, k, v, **kwargs), rtol=1e-5)
 
 
+@pytest.mark.parametrize("length, window, sinks", [(700, 48, 4), (517, 200, 0), (300, 1, 3)])
+def test_flex_block_mask_over_many_blocks(length, window, sinks, assert_close):
+    """Past one 128-token block: the block mask built from block distances keeps every block the rule needs
+    (documents starting mid-row put sinks in later blocks; left padding), and the outputs equal the rule's."""
+    from t2r.ops.window import flex_window_attention
+    from t2r.ops.window.flex import BLOCK, _reachable_blocks
+
+    positions, real = packed_and_padded(2, length)
+    index = torch.arange(length).expand(2, length)
+    visible = visible_keys(index, positions, index, positions, real, window=window, sinks=sinks)
+    reach = _reachable_blocks(positions, window, sinks, length)[:, 0]
+    blocks = visible.nonzero()
+    assert reach[blocks[:, 0], blocks[:, 1] // BLOCK, blocks[:, 2] // BLOCK].all()
+    assert not reach.all()                                          # and skips some
+    q, k, v = (torch.randn(2, length, h, 16) for h in (4, 2, 2))
+    kwargs = dict(positions=positions, real=real, window=window, sinks=sinks, scale=0.25)
+    assert_close(flex_window_attention(q, k, v, **kwargs), naive_window_attention(q, k, v, **kwargs), rtol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_flex_on_cuda_equals_the_rule_forward_and_backward(dtype, assert_close):

@@ -19,9 +19,30 @@ same position tensor, so the mask is built once per forward. The key holds the t
 identity), so they cannot be freed and their memory reused under the same key."""
 
 
+BLOCK = 128
+"""FlexAttention's block size (queries and keys)."""
+
+
+def _reachable_blocks(positions, window: int, sinks: int, length: int) -> torch.Tensor:
+    """`[B, 1, NB, NB]` bool: key block j may hold a key some query of block i sees. A superset, from block
+    distances alone: the causal blocks within reach of the window, and any block holding a document's first
+    `sinks` positions (a sink). Every block it keeps is computed with the exact `mask_mod`; none is full."""
+    blocks = -(-length // BLOCK)
+    pad = blocks * BLOCK - length
+    starts = torch.arange(blocks, device=positions.device)
+    gap = (starts[:, None] - starts[None, :]) * BLOCK - (BLOCK - 1)   # nearest query-key distance of two blocks
+    near = (starts[None, :] <= starts[:, None]) & (gap < window)
+    sink = torch.nn.functional.pad(positions < sinks, (0, pad)).view(len(positions), blocks, BLOCK).any(-1)
+    causal = starts[None, :] <= starts[:, None]
+    return (near[None] | (sink[:, None, :] & causal[None]))[:, None]
+
+
 def _block_mask(positions, real, window: int, sinks: int, batch: int, length: int, device):
+    """The `BlockMask` of `naive.py`'s visibility rule, built from block distances (`_reachable_blocks`)
+    rather than by `create_block_mask`: no compile (on a fresh machine, compiling create_block_mask took
+    minutes of the first step) and no `[B, T, T]` tensor."""
     global _last_mask
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
     key = (window, sinks, batch, length, device)
     if _last_mask and _last_mask[0] is positions and _last_mask[1] is real and _last_mask[2] == key:
@@ -35,7 +56,10 @@ def _block_mask(positions, real, window: int, sinks: int, batch: int, length: in
         in_reach = (positions_[b, k_index] < sinks) | (back < window)
         return (back == 0) | (real_[b, k_index] & same_document & in_reach)
 
-    mask = create_block_mask(visible, batch, None, length, length, device=device, _compile=device.type == "cuda")
+    reach = _reachable_blocks(positions_, window, sinks, length)
+    counts = reach.sum(-1, dtype=torch.int32)
+    indices = torch.argsort((~reach).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    mask = BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=BLOCK, mask_mod=visible, seq_lengths=(length, length))
     _last_mask = (positions, real, key, mask)
     return mask
 
