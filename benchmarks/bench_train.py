@@ -33,6 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import t2r
 from t2r.eval.train_bench import training_steps
+from t2r.models.compilation import compile_layers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_generate import SHAPES as GENERATE_SHAPES  # noqa: E402
@@ -53,12 +54,6 @@ def contenders(source, targets, hybrid_every: int):
         kept = set(range(hybrid_every - 1, layers, hybrid_every))
         converted = [i for i in range(layers) if i not in kept]
         yield f"gsa hybrid (1 in {hybrid_every} softmax)", lambda: t2r.convert(source, "gsa", layers=converted)
-
-
-def compile_layers(model) -> None:
-    """Regional compilation: every decoder layer through torch.compile, in place."""
-    for layer in model.model.layers:
-        layer.compile(dynamic=False)
 
 
 def check_against_eager(model, context: int):

@@ -12,6 +12,7 @@ from torch import nn
 from t2r.convert import calibrated_convert
 from t2r.dtypes import torch_dtype
 from t2r.layers.base import ATTENTION_PROJECTIONS, REUSED_MODULES, ConvertedAttention
+from t2r.models.compilation import compile_layers
 from t2r.sources import load_source
 
 
@@ -68,6 +69,10 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None):
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+    if recipe.train.compile:
+        compile_layers(model)
+        if teacher is not None:
+            compile_layers(teacher)
     return select_trainable(model, recipe), tokenizer, teacher
 
 

@@ -113,6 +113,9 @@ class TrainSection:
     """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
     (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
     FSDP (the head's weight is sharded there) or with soft-capped logits, where the plain loss runs."""
+    compile: bool = False
+    """Regional compilation of the student and the teacher (`t2r.models.compilation`: each decoder layer through
+    torch.compile, one graph shared by the layers): faster steps after a first step that compiles."""
     RULES: ClassVar[dict] = {
         "tokens_per_step": {"min": 1}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
         "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},

@@ -1,0 +1,26 @@
+"""Regional compilation: each decoder layer through `torch.compile`, in place.
+
+The layers run the same code, so they share one compiled graph (one compile, however deep the model); the
+mixers' Triton kernels sit inside it as torch.library custom ops, without graph breaks. Compiling the whole
+model instead would compile once per distinct layer and break at the generation cache. `nn.Module.compile`
+leaves parameter names and state dicts as they were, so checkpoints and saved models do not change.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's decoder layers (a causal LM, its base model, or a peft wrapper around either)."""
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, nn.ModuleList) and len(module) > 0:
+            return module
+    raise ValueError(f"{type(model).__name__} has no decoder layers (an nn.ModuleList named 'layers')")
+
+
+def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
+    """Every decoder layer through torch.compile (static shapes by default); returns `model`."""
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=dynamic)
+    return model
