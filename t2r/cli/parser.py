@@ -8,8 +8,8 @@ import argparse
 
 from t2r.cli.eval_flags import add_eval_parsers
 from t2r.cli.values import boolean
-from t2r.convert.sensitivity import CRITERIA, SWEEPS
 from t2r.dtypes import DTYPE_NAMES
+from t2r.ranking import CRITERIA, SWEEPS
 from t2r.version import version
 
 DTYPES = ("auto", *DTYPE_NAMES)

@@ -35,9 +35,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from t2r.convert.conversion import convert
+from t2r.ranking import CRITERIA, SWEEPS
 
-CRITERIA = ("kl", "recall", "halo", "kl+recall")
-SWEEPS = ("convert-one", "keep-one")
 HALO_CAP = 50.0
 
 

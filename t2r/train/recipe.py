@@ -17,12 +17,12 @@ from typing import ClassVar, Sequence
 
 import yaml
 
-from t2r.convert.sensitivity import CRITERIA as RANK_CRITERIA
-from t2r.convert.sensitivity import SWEEPS as RANK_SWEEPS
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import EvalSettings
 from t2r.layers import MIXERS
+from t2r.ranking import CRITERIA as RANK_CRITERIA
+from t2r.ranking import SWEEPS as RANK_SWEEPS
 
 from .checks import check_recipe, find_stage, stages_from_sections
 from .fields import RecipeError, build, plain
