@@ -22,10 +22,10 @@ train)
     resume=(); [ -n "$(ls -d "$run"/step-* 2>/dev/null)" ] && resume=(--resume)
     trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$name-stacks.txt")
     if [ ${#trace[@]} -gt 0 ]; then
-        timeout -s INT "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
+        timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
             finetune --config "recipes/frontier/$name.yaml" "$@" >> "$out/$name-train.log" 2>&1
     else
-        timeout -s INT "$seconds" python3 -m t2r.cli finetune --config "recipes/frontier/$name.yaml" "$@" \
+        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "recipes/frontier/$name.yaml" "$@" \
             "${resume[@]}" >> "$out/$name-train.log" 2>&1
     fi
     rc=$?
