@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from t2r import manifest
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.parser import mixer_registry
 from t2r.paths import check_model_spec, offline_if_unreachable
@@ -48,6 +49,7 @@ def run_convert(args) -> int:
     (tmp / CONVERSION_FILE).write_text(json.dumps(
         {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
          "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
+    manifest.write(tmp)  # last: loading checks every file against it
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -1,5 +1,6 @@
 """The trained model as `<checkpoint.dir>/final`: a complete model directory any loader reads (weights,
-config, tokenizer, resolved recipe), written to a hidden directory and renamed into place. A LoRA run
+config, tokenizer, resolved recipe, and `manifest.json` with every file's size and SHA-256, which loading
+checks), written to a hidden directory and renamed into place. A LoRA run
 saves its adapters merged into the weights (W + scaling * B @ A, the trained copies of the fully trained
 modules in place of the originals), so `final/` loads like any converted model."""
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from t2r import manifest
 from t2r.outputs import follow_umask
 
 PEFT_PREFIX = "base_model.model."
@@ -58,6 +60,7 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     tokenizer.save_pretrained(tmp)
     write_extra(tmp)
     follow_umask(tmp)  # safetensors writes model.safetensors 0600
+    manifest.write(tmp)  # last: loading checks every file against it
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

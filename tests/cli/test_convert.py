@@ -23,7 +23,7 @@ def test_convert_never_overwrites_its_source_or_writes_into_a_file(tmp_path, cap
     assert "is a file; give a directory" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out")]) == 0
     assert main([*args, str(tmp_path / "out")]) == 2
-    assert "is not empty (config.json, generation_config.json, model.safetensors, t2r_conversion.json, ...); " \
+    assert "is not empty (config.json, generation_config.json, manifest.json, model.safetensors, ...); " \
         "pass --overwrite" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out"), "--overwrite"]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.t2r_mixers == ["gla"] * 3

@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 
+from t2r.manifest import DamagedModelError, sha256
+from t2r.sources import load_source
 from t2r.train import CheckpointError, finetune
 from t2r.train import checkpoint as ckpt
 from t2r.train.safe_load import RestrictedUnpickler, no_code_from_disk
@@ -89,6 +91,18 @@ def test_no_intact_checkpoint_refuses_to_resume(tmp_path, source_dir, corpus, fi
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_final_carries_a_manifest_and_loading_refuses_it_damaged(tmp_path, finished):
+    """Before, 1,000 flipped bytes in final/model.safetensors loaded without a word (generate gave garbage)."""
+    final = tmp_path / "final"
+    shutil.copytree(finished[0] / "final", final)
+    listed = json.loads((final / ckpt.MANIFEST).read_text())["files"]
+    assert {"model.safetensors", "config.json", "recipe.yaml", "tokenizer.json"} <= set(listed)
+    load_source(str(final))
+    flip_bytes(final / "model.safetensors")
+    with pytest.raises(DamagedModelError, match="final is damaged: model.safetensors does not match its SHA-256"):
+        load_source(str(final))
+
+
 def test_a_pickle_payload_in_a_checkpoint_never_runs(tmp_path, source_dir, corpus, finished, capsys):
     """accelerate restores `custom_checkpoint_0.pkl` with weights_only=False. Dropped into the newest
     checkpoint (even listed in its manifest), it makes that checkpoint refused: the run resumes from the
@@ -99,7 +113,7 @@ def test_a_pickle_payload_in_a_checkpoint_never_runs(tmp_path, source_dir, corpu
     torch.save(Payload(marker), newest / "custom_checkpoint_0.pkl")
     manifest = json.loads((newest / ckpt.MANIFEST).read_text())
     manifest["files"]["custom_checkpoint_0.pkl"] = {"size": (newest / "custom_checkpoint_0.pkl").stat().st_size,
-                                                    "sha256": ckpt._sha256(newest / "custom_checkpoint_0.pkl")}
+                                                    "sha256": sha256(newest / "custom_checkpoint_0.pkl")}
     (newest / ckpt.MANIFEST).write_text(json.dumps(manifest))
     finetune(r, resume=True)
     assert "custom_checkpoint_0.pkl can only be restored by unpickling" in capsys.readouterr().out
@@ -115,7 +129,7 @@ def test_a_payload_behind_a_valid_checksum_is_refused_on_load(tmp_path, source_d
     torch.save({"state": Payload(marker)}, newest / "optimizer.bin")
     manifest = json.loads((newest / ckpt.MANIFEST).read_text())
     manifest["files"]["optimizer.bin"] = {"size": (newest / "optimizer.bin").stat().st_size,
-                                          "sha256": ckpt._sha256(newest / "optimizer.bin")}
+                                          "sha256": sha256(newest / "optimizer.bin")}
     (newest / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="cannot resume from .*step-00000006: UnpicklingError"):
         finetune(r, resume=True)

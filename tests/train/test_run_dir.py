@@ -24,7 +24,8 @@ from tests.helpers.recipes import final_weights, recipe
 CHILD = """
 import os, sys, time
 from pathlib import Path
-from t2r.train import checkpoint, finetune, load_recipe
+from t2r import manifest
+from t2r.train import finetune, load_recipe
 
 recipe_path, point, ready = sys.argv[1:4]
 n = int(point.rsplit("-", 1)[1])
@@ -37,12 +38,12 @@ callbacks = []
 if point.startswith("after-step-"):
     callbacks.append(lambda metrics: stop_here() if metrics["step"] == n else None)
 elif point.startswith("mid-save-"):
-    inventory = checkpoint._inventory
+    write_manifest = manifest.write
     def paused(directory):
         if directory.name == f".tmp-step-{n:08d}":
             stop_here()
-        return inventory(directory)
-    checkpoint._inventory = paused
+        return write_manifest(directory)
+    manifest.write = paused
 else:  # mid-final-N: final/ written to .tmp-final, not yet renamed
     replace = os.replace
     def paused_replace(src, dst):
