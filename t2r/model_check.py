@@ -47,6 +47,25 @@ def require_exact_tensors(info: dict, where: str) -> None:
                                     "restore them from a copy or write them again")
 
 
+def adapter_loaded_whole(load, path: str | Path):
+    """`load()` (peft's `PeftModel.from_pretrained`), refusing an adapter file that lacks some of the adapter's
+    tensors (peft only warns, and leaves them at their initial values)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load()
+    for warning in caught:
+        message = str(warning.message)
+        if "missing adapter keys" in message:
+            names = message[message.index("[") + 1:message.rindex("]")].replace("'", "").split(", ")
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise DamagedModelError(f"{path}: the adapter file lacks {len(names)} tensor(s) of the adapter ({shown}; "
+                                    "they would be left at their initial values): restore it from a copy")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return model
+
+
 def require_finite(model, where: str) -> None:
     """DamagedModelError naming the first parameter holding nan or inf."""
     import torch

@@ -208,8 +208,8 @@ def load_adapter(path: str, dtype=None, device: str | None = None):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    model = PeftModel.from_pretrained(model, path).merge_and_unload()
-    return model.eval(), tokenizer
+    model = model_check.adapter_loaded_whole(lambda: PeftModel.from_pretrained(model, path), path)
+    return model.merge_and_unload().eval(), tokenizer
 
 
 def cache_entries() -> list[tuple[Path, int, str]]:

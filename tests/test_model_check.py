@@ -3,9 +3,11 @@ the cache's dense SmolLM2) against its manifest, a GGUF cut short, the built-in 
 
 import json
 import os
+import re
 import shutil
 
 import pytest
+import torch
 
 from t2r import manifest, sources
 from t2r.cli import main
@@ -130,3 +132,58 @@ def test_a_damaged_pickle_only_model_is_one_line(tmp_path, capsys):
     assert main(["generate", "--model", str(source), "--prompt", "w5", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "src: cannot load the model (" in err and "weights file is damaged" in err
+
+
+@pytest.mark.parametrize("damage", ["missing slot_gate", "missing MLP weight", "unexpected tensor"])
+def test_a_missing_or_unexpected_tensor_is_an_error_naming_it(converted, tmp_path, capsys, damage):
+    """Before, a tensor removed from the safetensors loaded as random weights with exit 0 (transformers' MISSING
+    note on stderr the only trace). Without a manifest (deleted, or a model saved by other tools), the tensor
+    names themselves are checked."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "gsa"
+    shutil.copytree(converted, broken)
+    (broken / manifest.MANIFEST).unlink()
+    state = load_file(broken / "model.safetensors")
+    name = {"missing slot_gate": "model.layers.1.self_attn.slot_gate.weight",
+            "missing MLP weight": "model.layers.0.mlp.down_proj.weight", "unexpected tensor": "model.extra.weight"}
+    if damage == "unexpected tensor":
+        state[name[damage]] = torch.zeros(2)
+    else:
+        del state[name[damage]]
+    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
+    what = "holds 1 tensor(s) of the model" if damage == "unexpected tensor" else "lacks 1 tensor(s) of the model"
+    expected = rf"gsa: the weights file {re.escape(what)} \({re.escape(name[damage])};"
+    with pytest.raises(DamagedModelError, match=expected):
+        load_source(str(broken))
+    capsys.readouterr()
+    assert main(["generate", "--model", str(broken), "--prompt", "w5", "--device", "cpu"]) == 2
+    assert name[damage] in capsys.readouterr().err
+
+
+def test_an_adapter_missing_a_tensor_is_an_error_naming_it(tmp_path):
+    """peft only warned ("Found missing adapter keys") and left the adapter at its initial values."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+
+    import t2r
+    from tests.helpers.data import word_tokenizer
+    from tests.helpers.models import tiny_source
+
+    base = t2r.convert(tiny_source("llama"), "gsa", num_slots=8)
+    base.save_pretrained(tmp_path / "base")
+    word_tokenizer().save_pretrained(tmp_path / "base")
+    peft = get_peft_model(t2r.convert(tiny_source("llama"), "gsa", num_slots=8),
+                          LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    peft.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "base")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    load_source(str(tmp_path / "adapter"))
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    state = load_file(weights)
+    gone = sorted(state)[0]
+    del state[gone]
+    save_file(state, weights)
+    with pytest.raises(DamagedModelError, match=r"adapter: the adapter file lacks 1 tensor\(s\) of the adapter"):
+        load_source(str(tmp_path / "adapter"))
