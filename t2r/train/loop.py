@@ -22,14 +22,16 @@ from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
 from .batches import heldout_loss
+from .errors import CollapseError
 from .export import save_final
+from .guard import collapsed_model
 from .model_setup import from_main_process
 from .recipe import save_resolved
 from .resume import choose_start
 from .run_dir import RunLock
 from .stages import train_stages
 from .startup import StartupClock
-from .steps import require_finite
+from .steps import require_finite, vocab_size
 
 
 class Interrupt(Exception):
@@ -103,6 +105,11 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
     if recipe.data.held_out:
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
+        collapsed = collapsed_model(final["validation_loss"], vocab_size(accelerator.unwrap_model(model)),
+                                    list(state.get("loss_watch", {}).values()))
+        if collapsed:
+            raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
+                                f"again (--overwrite); the checkpoints in {root} hold the weights as trained")
     accelerator.wait_for_everyone()
     out = save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
     if accelerator.is_main_process:

@@ -100,6 +100,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     trainable: str = "all"
     max_nonfinite_steps: int = 10  # skip steps with a nan/inf loss or gradient norm; stop after this many in a row
+    max_collapsed_steps: int = 5  # stop after this many collapsed steps in a row (t2r.train.guard.CollapseGuard)
     fused_kl: bool = True
     """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
     (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
@@ -110,7 +111,7 @@ class TrainSection:
         "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1},
         "max_steps": {"min": 1}, "max_tokens": {"min": 1}, "seed": {"min": 0},
         "mixed_precision": {"choices": MIXED_PRECISION}, "trainable": {"choices": TRAINABLE},
-        "max_nonfinite_steps": {"min": 1},
+        "max_nonfinite_steps": {"min": 1}, "max_collapsed_steps": {"min": 1},
     }
 
     @property

@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 import torch
 
 from . import checkpoint, logs
-from .errors import NonFiniteError
-from .guard import NonFiniteGuard, weights_finite
+from .errors import CollapseError, NonFiniteError
+from .guard import CollapseGuard, NonFiniteGuard, weights_finite
 from .recipe import save_resolved
 
 
@@ -47,6 +47,11 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
         f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
     guard.total = state["skipped_steps"]
+    record = state.setdefault("loss_watch", {}).setdefault(run.stage or "train", {})
+    collapse = CollapseGuard(vocab_size(accelerator.unwrap_model(model)), recipe.train.max_collapsed_steps, record,
+                             hint=f": lower {run.lr_field} (now {run.peak_lr}) and --overwrite, or --resume from an "
+                                  "earlier checkpoint's state")
+    collapsed = None
     end = run.first + run.total
     progress = logs.Progress(run.total, step - run.first, accelerator.is_main_process, recipe.logging.every_steps,
                              label=run.stage or "")
@@ -77,6 +82,8 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
                 grad_norm = float(accelerator.clip_grad_norm_(run.params, recipe.train.grad_clip or math.inf))
                 lr = run.peak_lr * run.lr_at(step - run.first)
                 update = guard.check(step + 1, window_loss, grad_norm)
+                if math.isfinite(window_loss):
+                    collapsed = collapse.check(step + 1, window_loss, window_parts.get("next_token"))
                 if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
                     for group in run.optimizer.param_groups:
                         group["lr"] = lr
@@ -112,7 +119,14 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
         state.update(step=step, tokens=tokens, skipped_steps=guard.total)
         if run.stage is not None:
             state["stage_step"] = step - run.first
-        if step % recipe.checkpoint.every_steps == 0 or step == end:
+        if (step % recipe.checkpoint.every_steps == 0 or step == end) and collapsed:
+            if step == end:
+                raise CollapseError(f"step {step}: {collapsed}: the run ended on a collapsed step, so it was not saved "
+                                    f"and no final model was written; the newest checkpoint in {root} holds the last "
+                                    f"good weights: lower {run.lr_field} (now {run.peak_lr}) and --overwrite")
+            accelerator.print(f"step {step}: {collapsed}; the checkpoint is not written while the loss looks "
+                              "collapsed (the newest one holds the last good weights)")
+        elif step % recipe.checkpoint.every_steps == 0 or step == end:
             require_finite(model, accelerator, step, root)
             checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
                             keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
@@ -121,6 +135,12 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
             callback(metrics)
     progress.close()
     return metrics
+
+
+def vocab_size(model) -> int:
+    """The size of the vocabulary the model predicts over."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
 
 
 def require_finite(model, accelerator, step: int, root: Path) -> None:

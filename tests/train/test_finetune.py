@@ -53,8 +53,10 @@ def test_resume_without_checkpoint_starts_fresh_and_half_written_checkpoints_are
     assert ckpt.latest(r.checkpoint.dir) is None
     assert finetune(r, resume=True)["step"] == 3
     assert not stale.exists()
-    assert ckpt.read_state(ckpt.latest(r.checkpoint.dir)) == {"step": 3, "tokens": 3 * 128, "skipped_steps": 0,
-                                                              "recipe_changes": []}
+    state = ckpt.read_state(ckpt.latest(r.checkpoint.dir))
+    assert {k: state[k] for k in ("step", "tokens", "skipped_steps", "recipe_changes")} == {
+        "step": 3, "tokens": 3 * 128, "skipped_steps": 0, "recipe_changes": []}
+    assert set(state["loss_watch"]["train"]) == {"start", "best_next_token"}  # the collapse guard's record
 
 
 def test_gates_only_leaves_the_rest_untouched(tmp_path, source_dir, corpus):
