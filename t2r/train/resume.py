@@ -16,6 +16,8 @@ from typing import Callable
 
 import yaml
 
+from t2r.data.fingerprint import changes as data_changes
+
 from . import checkpoint, run_dir
 from .errors import CheckpointError, RunDirError
 
@@ -87,6 +89,17 @@ def check_stage_list(stored, current, found: Path) -> None:
         f"--resume: the stage list differs from the one {found.name} was trained with:\n" + "\n".join(lines)
         + "\na staged run keeps its stages (and the train/data values they took) from start to end: undo these "
         "changes to resume, or start a new run (--overwrite, or another checkpoint.dir)")
+
+
+def check_same_data(found: Path, current: dict | None) -> None:
+    """CheckpointError when the local data files differ from those `found` was trained on (`t2r.data.fingerprint`);
+    checkpoints written before fingerprints pass."""
+    lines = data_changes(checkpoint.read_state(found).get("data_files"), current)
+    if lines:
+        raise CheckpointError(
+            f"--resume: the training data changed since {found.name} was written:\n  " + "\n  ".join(lines)
+            + "\nresuming would not continue the same data stream: restore the data as it was, or start a new run "
+            "(--overwrite, or another checkpoint.dir)")
 
 
 def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], None] = print):

@@ -189,3 +189,41 @@ def test_resume_refuses_a_changed_recipe_and_applies_allowed_changes(tmp_path, s
     same_lr = copy_run(finished, other, source_dir, corpus, **{"train.max_steps": 8})
     finetune(same_lr, resume=True)
     assert any(not torch.equal(final_weights(same_lr)[n], w) for n, w in final_weights(allowed).items())
+
+
+def test_data_edited_in_place_is_refused_on_resume(tmp_path, source_dir, corpus, finished):
+    """Before, the resume exited 0 and its final weights differed from an uninterrupted run's."""
+    data = tmp_path / "corpus.jsonl"
+    shutil.copy(corpus, data)
+    r = recipe(tmp_path, source_dir, data, run="own", **{"train.max_steps": 3})
+    finetune(r)
+    state = ckpt.read_state(ckpt.latest(r.checkpoint.dir))
+    assert state["data_files"] == {str(data): {"size": data.stat().st_size, "sha256": sha256(data)}}
+    assert json.loads((tmp_path / "own" / "final" / "trained.json").read_text())["data_files"] == state["data_files"]
+    text = data.read_text()
+    data.write_text(text.replace("fox", "cat", 1))  # same size, other content
+    longer = recipe(tmp_path, source_dir, data, run="own", **{"train.max_steps": 6})
+    with pytest.raises(CheckpointError, match=r"the training data changed since step-00000003 was written:\n  "
+                                              r".*corpus.jsonl: same size, other content"):
+        finetune(longer, resume=True)
+    data.write_text(text + text.splitlines()[0] + "\n")
+    with pytest.raises(CheckpointError, match=r"corpus.jsonl: [\d,]+ bytes then, [\d,]+ now"):
+        finetune(longer, resume=True)
+    data.write_text(text)  # restored: the run continues
+    assert finetune(longer, resume=True)["step"] == 6
+
+
+def test_a_resume_that_trains_nothing_keeps_the_recipe_it_was_trained_with(tmp_path, source_dir, corpus, finished,
+                                                                          capsys):
+    """Before, max_steps lowered below the checkpoint trained nothing and final/recipe.yaml recorded the asked-for
+    max_steps and lr."""
+    r = copy_run(finished, tmp_path, source_dir, corpus, **{"train.max_steps": 5, "train.lr": 0.01})
+    finetune(r, resume=True)
+    assert "step-00000006 has trained 6 steps, the recipe asks for 5: nothing to train" in capsys.readouterr().out
+    for saved in (tmp_path / "run" / "recipe.yaml", tmp_path / "run" / "final" / "recipe.yaml"):
+        train = yaml.safe_load(saved.read_text())["train"]
+        assert (train["max_steps"], train["lr"]) == (6, 0.003), saved
+    trained = json.loads((tmp_path / "run" / "final" / "trained.json").read_text())
+    assert trained["step"] == 6 and trained["recipe_changes"] == []
+    for name, value in finished[1].items():
+        assert torch.equal(final_weights(r)[name], value), name
