@@ -22,6 +22,7 @@ from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.suite import EvalSettings
 from t2r.layers import MIXERS
 
+from . import strict_yaml
 from .checks import check_recipe, find_stage, stages_from_sections
 from .fields import RecipeError, build, plain
 
@@ -247,7 +248,9 @@ def apply_override(data: dict, override: str) -> None:
     if not sep or not key:
         raise RecipeError(f"override {override!r}: expected section.field=value, e.g. train.lr=1e-4")
     try:
-        value = yaml.safe_load(text)
+        value = strict_yaml.load(text)
+    except strict_yaml.DuplicateKeyError as err:
+        raise RecipeError(f"override {override!r}: {err}") from None
     except yaml.YAMLError:
         value = text
     parts, node = key.split("."), data
@@ -274,7 +277,9 @@ def load_recipe(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if not path.is_file():
             raise RecipeError(f"recipe file {str(path)!r} does not exist")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = strict_yaml.load(path.read_text()) or {}
+        except strict_yaml.DuplicateKeyError as err:
+            raise RecipeError(f"recipe file {str(path)!r}: {err}") from None
         except yaml.YAMLError as err:
             raise RecipeError(f"recipe file {str(path)!r} is not valid YAML: {err}") from None
         if not isinstance(data, dict):

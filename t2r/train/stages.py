@@ -187,7 +187,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast, fused), optimizer, params,
                 stage.lr, lr_at, batches, first=first, stage=stage.name if named else None,
                 lr_field=f"stages.{stage.name}.lr" if named else "train.lr",
-                manual_grad_sync=manual_sync, clock=clock)
+                manual_grad_sync=manual_sync, clock=clock, micro_tokens=per_micro)
     try:
         return train_steps(recipe, accelerator, model, run, state, history, callbacks)
     finally:

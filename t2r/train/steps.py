@@ -36,6 +36,7 @@ class Steps:
     lr_field: str = "train.lr"
     manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
     clock: object = None  # a `StartupClock` still open: closed, printed and written after this run's first step
+    micro_tokens: int = 0  # the tokens of a full micro-batch: a shorter one (the data's last rows) is noted
 
 
 def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
@@ -63,6 +64,11 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     for batch in batches:
         if step >= end:
             break
+        if batch["input_ids"].numel() < run.micro_tokens:
+            accelerator.print(f"note: step {step + 1}: a short micro-batch, {batch['input_ids'].numel():,} of "
+                              f"{run.micro_tokens:,} tokens (the last rows of the data before it starts over); this "
+                              f"step trains on fewer than train.tokens_per_step={recipe.train.tokens_per_step:,} "
+                              "tokens")
         with accelerator.accumulate(model):
             loss, parts = run.loss(batch)
             accelerator.backward(loss)
