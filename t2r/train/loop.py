@@ -30,6 +30,7 @@ from .model_setup import from_main_process
 from .recipe import save_resolved
 from .resume import check_same_data, choose_start
 from .run_dir import RunLock
+from .signals import StopOnSignal
 from .stages import train_stages
 from .startup import StartupClock
 from .steps import require_finite, vocab_size
@@ -61,7 +62,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         note = from_main_process(lock.acquire if lock else None)
         if note:
             accelerator.print(note)
-        with quiet_libraries():
+        with quiet_libraries(), StopOnSignal(accelerator.print if accelerator.is_main_process else lambda text: None):
             return _train(recipe, accelerator, resume, overwrite, callbacks, clock)
     finally:
         if lock is not None:

@@ -5,6 +5,7 @@ schedule as a `Steps`."""
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from . import checkpoint, logs
+from . import checkpoint, logs, signals
 from .errors import CollapseError, NonFiniteError
 from .guard import CollapseGuard, NonFiniteGuard, weights_finite
 from .recipe import save_resolved
@@ -125,6 +126,7 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
         state.update(step=step, tokens=tokens, skipped_steps=guard.total)
         if run.stage is not None:
             state["stage_step"] = step - run.first
+        saved = None
         if (step % recipe.checkpoint.every_steps == 0 or step == end) and collapsed:
             if step == end:
                 raise CollapseError(f"step {step}: {collapsed}: the run ended on a collapsed step, so it was not saved "
@@ -133,14 +135,36 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
             accelerator.print(f"step {step}: {collapsed}; the checkpoint is not written while the loss looks "
                               "collapsed (the newest one holds the last good weights)")
         elif step % recipe.checkpoint.every_steps == 0 or step == end:
-            require_finite(model, accelerator, step, root)
-            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
-                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
-                            label=run.stage)
+            saved = _save(recipe, accelerator, model, run, state, step)
         for callback in callbacks:
             callback(metrics)
+        signum = _signal_on_any_process(accelerator, signals.active())
+        if signum:
+            if collapsed:
+                where = f"this collapsed step was not saved; the newest checkpoint in {root} holds the last good one"
+            else:
+                where = f"checkpoint {(saved or _save(recipe, accelerator, model, run, state, step)).name} written"
+            raise signals.Stopped(f"stopped by {signal.Signals(signum).name} after step {step}: {where}; --resume "
+                                  "continues the run", signum)
     progress.close()
     return metrics
+
+
+def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Path:
+    root = Path(recipe.checkpoint.dir)
+    require_finite(model, accelerator, step, root)
+    return checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                           keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
+                           label=run.stage)
+
+
+def _signal_on_any_process(accelerator, stop) -> int | None:
+    """The stop signal this process received; with several processes, any one's (all then stop at the same step)."""
+    signum = stop.signum if stop is not None else None
+    if accelerator.num_processes == 1:
+        return signum
+    flag = accelerator.reduce(torch.tensor(float(signum or 0), device=accelerator.device), "sum").item()
+    return signum or (int(signal.SIGTERM) if flag else None)
 
 
 def vocab_size(model) -> int:
