@@ -29,6 +29,7 @@ from t2r import manifest
 from t2r.outputs import follow_umask
 
 from . import rng
+from .disk import disk_full_stops
 from .errors import CheckpointError
 from .safe_load import no_code_from_disk
 
@@ -75,18 +76,22 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
         for stale in root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
-    with _tied_weights_note_silenced(accelerator):
-        accelerator.save_state(str(tmp))
-    rank = accelerator.process_index
-    (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
-    rng.save(tmp, rank)
-    accelerator.wait_for_everyone()
+    previous = latest(root)
+    kept = f"the newest checkpoint, {previous.name}, is intact" if previous else "no checkpoint was written yet"
+    with disk_full_stops(tmp, f"checkpoint {final.name}", kept):
+        with _tied_weights_note_silenced(accelerator):
+            accelerator.save_state(str(tmp))
+        rank = accelerator.process_index
+        (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
+        rng.save(tmp, rank)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if write_extra is not None:
+                write_extra(tmp)
+            follow_umask(tmp)
+            _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
+            manifest.write(tmp)
     if accelerator.is_main_process:
-        if write_extra is not None:
-            write_extra(tmp)
-        follow_umask(tmp)
-        _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
-        manifest.write(tmp)
         if final.exists():  # the same step saved again (a resumed run): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -15,6 +15,8 @@ import torch
 from t2r import manifest
 from t2r.outputs import follow_umask
 
+from .disk import disk_full_stops
+
 PEFT_PREFIX = "base_model.model."
 
 
@@ -56,11 +58,12 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
         unwrapped = unwrapped.get_base_model()
     out, tmp = root / "final", root / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
-    unwrapped.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    write_extra(tmp)
-    follow_umask(tmp)  # safetensors writes model.safetensors 0600
-    manifest.write(tmp)  # last: loading checks every file against it
+    with disk_full_stops(tmp, "the final model", "the checkpoints are intact"):
+        unwrapped.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        write_extra(tmp)
+        follow_umask(tmp)  # safetensors writes model.safetensors 0600
+        manifest.write(tmp)  # last: loading checks every file against it
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
