@@ -112,8 +112,11 @@ def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], Non
             raise RunDirError(f"--resume: {root} holds a finished run (final/) and no checkpoint to continue it from "
                               "(checkpoint.keep_last: 0 deletes them once final/ is written): --overwrite starts "
                               "afresh, or set checkpoint.dir to a new directory")
-        if resume:
-            log(f"--resume: no checkpoint in {root}; starting afresh")
-        run_dir.claim(root, overwrite, log)
+        if resume:  # a run stopped before its first checkpoint: its logs go, the run starts again from step 0
+            leftovers = run_dir.outputs(root)
+            log(f"--resume: no checkpoint in {root}; starting afresh"
+                + (f" (the run stopped before its first checkpoint; replacing its "
+                   f"{', '.join(p.name for p in leftovers)})" if leftovers else ""))
+        run_dir.claim(root, overwrite or resume, lambda text: None if resume else log(text))
         return None, []
     return found, compare(recipe, found, log)

@@ -114,6 +114,20 @@ def test_a_second_run_is_locked_out_and_a_killed_run_resumes_exactly(tmp_path, s
     assert [r["step"] for r in rows if "held_out_loss" in r] == [6]  # and redone, nothing interleaved
 
 
+def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(tmp_path, source_dir, corpus, straight,
+                                                                        capsys):
+    """Before: `--resume: no checkpoint ...; starting afresh`, then `error: ... holds another run ... --overwrite`."""
+    r = recipe(tmp_path, source_dir, corpus)
+    kill(start_child(tmp_path, "run", "after-step-2"))  # checkpoints every 3 steps: none yet
+    assert ckpt.latest(r.checkpoint.dir) is None and (tmp_path / "run" / "metrics.jsonl").is_file()
+    finetune(r, resume=True)
+    assert ("--resume: no checkpoint in {}; starting afresh (the run stopped before its first checkpoint; replacing "
+            "its metrics.jsonl, recipe.yaml)".format(tmp_path / "run")) in capsys.readouterr().out
+    assert_same_weights(straight, final_weights(r))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.parametrize("point, half, latest", [("mid-save-6", ".tmp-step-00000006", "step-00000003"),
                                                  ("mid-final-6", ".tmp-final", "step-00000006")])
 def test_killed_while_writing_a_checkpoint_or_the_final_model(tmp_path, source_dir, corpus, straight, point, half,
