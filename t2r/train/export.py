@@ -6,14 +6,13 @@ modules in place of the originals), so `final/` loads like any converted model."
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from t2r import manifest
-from t2r.outputs import follow_umask
+from t2r.outputs import follow_umask, replace_dir
 
 from .disk import disk_full_stops
 
@@ -64,7 +63,5 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
         write_extra(tmp)
         follow_umask(tmp)  # safetensors writes model.safetensors 0600
         manifest.write(tmp)  # last: loading checks every file against it
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    replace_dir(tmp, out)  # a resumed finished run: the earlier final/ stays until this one is in place
     return out
