@@ -1,5 +1,6 @@
-"""What t2r writes besides its results: files with the permissions the user's umask gives, and a console
-without other libraries' progress bars for steps that take a second.
+"""What t2r writes besides its results: files with the permissions the user's umask gives, a directory replaced
+without a moment when it is missing, and a console without other libraries' progress bars for steps that take a
+second.
 
 Imports nothing heavy at module level (the command line imports this before torch)."""
 
@@ -32,6 +33,45 @@ def follow_umask(path: str | os.PathLike) -> None:
     for file in [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
         if file.stat().st_mode & 0o777 != mode:
             os.chmod(file, mode)
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put directory `new` in place of `target` (which may be absent) and delete the old `target`. On Linux the two
+    are exchanged in one step (renameat2 RENAME_EXCHANGE), so `target` is never missing, even if the process dies
+    half-way; elsewhere the old one is renamed aside first, leaving a moment without it."""
+    import shutil
+
+    new, target = Path(new), Path(target)
+    if not target.exists():
+        os.replace(new, target)
+        return
+    if _exchange(new, target):
+        shutil.rmtree(new)  # now the old copy
+        return
+    aside = target.with_name(f".old-{target.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(target, aside)
+    os.replace(new, target)
+    shutil.rmtree(aside)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where that is not available."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: a filesystem or kernel without it
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 @contextmanager

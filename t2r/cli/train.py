@@ -89,6 +89,7 @@ def run_run(args) -> int:
     recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
     check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
+    check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
     if args.dry_run:
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
@@ -114,6 +115,31 @@ def run_run(args) -> int:
     print(report.read_text(), end="")
     print(f"model saved to {final}; report written to {report}")
     return 0
+
+
+def check_eval_lengths(recipe, settings) -> None:
+    """The `eval:` section's lengths against the trained model and the baseline, from their configs alone (a config
+    that cannot be read, an offline hub id, is left to the evaluation itself)."""
+    from t2r.eval.contenders import length_limit
+    from t2r.eval.suite import check_length_limits
+    from t2r.sources import load_config
+
+    try:
+        source = load_config(recipe.model.source)
+        baseline_spec = settings.baseline or recipe.model.source
+        baseline = None if baseline_spec == "none" else source if baseline_spec == recipe.model.source else (
+            load_config(baseline_spec))
+    except OSError:
+        return
+    target, layers = recipe.convert.target, recipe.convert.layers
+    mixers = [target] if target != "none" and layers is None else None  # some layers kept as softmax: the limit
+    limits = {f"{recipe.checkpoint.dir}/final": length_limit(source, mixers)}
+    if baseline is not None:
+        limits[baseline_spec] = length_limit(baseline)
+    try:
+        check_length_limits(limits, settings)
+    except ValueError as err:
+        raise ValueError(f"eval: {err} (checked before training; the recipe's eval section sets it)") from None
 
 
 def release_host_memory() -> None:

@@ -100,17 +100,24 @@ def _texts(dataset: Dataset | IterableDataset, cfg: DataConfig) -> Iterator[str]
                 raise
             raise explain(cfg, err) from None
         if cfg.text_field not in row:
-            raise ValueError(_missing_field(cfg, list(row)))
+            raise _located(cfg, ValueError(_missing_field(cfg, list(row))))
         text = row[cfg.text_field]
         if text is None:
             continue
         if not isinstance(text, str):
-            raise TypeError(
+            raise _located(cfg, TypeError(
                 f"text_field {cfg.text_field!r} holds {type(text).__name__}, not str: "
                 f"set text_field to a column of strings"
-            )
+            ))
         if text.strip():
             yield text
+
+
+def _located(cfg: DataConfig, err: Exception) -> Exception:
+    """For local files, the DataError naming the file and line behind `err` (found by reading them in full)."""
+    if not is_local(os.path.expanduser(cfg.path)):
+        return err
+    return explain(cfg, err)
 
 
 def _missing_field(cfg: DataConfig, columns) -> str:

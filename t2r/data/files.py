@@ -145,8 +145,8 @@ def _text_of(row, path: Path, line: int, field: str) -> str | None:
         return None
     text = row[field]
     if text is not None and not isinstance(text, str):
-        raise DataError(f"{path}, line {line}: field {field!r} holds {type(text).__name__}, not text; set "
-                        "data.text_field to a field of strings")
+        raise DataError(f"{path}, line {line}: field {field!r} holds {type(text).__name__}, not text: fix or delete "
+                        "the line, or set data.text_field to a field of strings")
     return text
 
 

@@ -178,8 +178,9 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
         if limit is not None and context > limit and not allow_beyond:
             row.status = "beyond max_position_embeddings"
             continue
-        input_ids = random_ids(vocab, batch, context, seed, device)
-        try:
+        input_ids = None
+        try:  # the inputs too: a batch too large for memory is a row like any other OOM
+            input_ids = random_ids(vocab, batch, context, seed, device)
             measure(model, input_ids, decode_tokens, warmup, repeats, row)
         except Exception as error:  # one failing cell must not end the sweep
             first_line = (str(error).strip().splitlines() or [""])[0]

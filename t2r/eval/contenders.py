@@ -60,11 +60,16 @@ class Contender:
 
     def max_length(self) -> int | None:
         """Longest sequence the model was built for (None for an all-recurrent model, which has no limit)."""
-        config = self.model.config
-        mixers = getattr(config, "t2r_mixers", None)
-        if mixers and all(m != "softmax" and get_mixer(m).constant_memory for m in mixers):
-            return None
-        return getattr(config, "max_position_embeddings", None)
+        return length_limit(self.model.config)
+
+
+def length_limit(config, mixers: list[str] | None = None) -> int | None:
+    """Longest sequence a model of `config` (with these `t2r_mixers`, default the config's) was built for; None for
+    an all-recurrent model, which has no limit."""
+    mixers = mixers if mixers is not None else getattr(config, "t2r_mixers", None)
+    if mixers and all(m != "softmax" and get_mixer(m).constant_memory for m in mixers):
+        return None
+    return getattr(config, "max_position_embeddings", None)
 
 
 def window_sink_mask(length: int, window: int, sinks: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -117,14 +117,18 @@ def load_students(settings: EvalSettings, tokenizer, model, taken: set[str], cac
 
 
 def check_lengths(found: list[Contender], settings: EvalSettings) -> None:
+    check_length_limits({c.name: c.max_length() for c in found}, settings)
+
+
+def check_length_limits(limits: dict[str, int | None], settings: EvalSettings) -> None:
+    """ValueError when a suite asks for more tokens than a model (name -> `length_limit`) supports."""
     needed = {"ppl": settings.ppl_length, "passkey": max(settings.passkey_lengths)}
     for suite, length in needed.items():
         if suite not in settings.suites:
             continue
-        for c in found:
-            limit = c.max_length()
+        for name, limit in limits.items():
             if limit is not None and length > limit:
-                raise ValueError(f"{suite} asks for {length} tokens but {c.name} supports {limit} "
+                raise ValueError(f"{suite} asks for {length} tokens but {name} supports {limit} "
                                  f"(max_position_embeddings); lower the length")
 
 

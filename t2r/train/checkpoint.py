@@ -16,26 +16,26 @@ was wrong. `load` restores it inside `no_code_from_disk()`.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from t2r import manifest
 from t2r.outputs import follow_umask
 
 from . import rng
+from .disk import disk_full_stops
 from .errors import CheckpointError
 from .safe_load import no_code_from_disk
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
-MANIFEST = "manifest.json"
+MANIFEST = manifest.MANIFEST
 DAMAGED = "damaged"
 _STEP = re.compile(rf"{PREFIX}(\d+)(?:-[A-Za-z0-9_-]+)?")  # step-N, or step-N-<stage> in a staged run
 _PICKLED = re.compile(r"\.(pkl|pickle)$|^custom_checkpoint_\d+")  # need an unrestricted unpickler
@@ -76,18 +76,22 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
         for stale in root.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
-    with _tied_weights_note_silenced(accelerator):
-        accelerator.save_state(str(tmp))
-    rank = accelerator.process_index
-    (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
-    rng.save(tmp, rank)
-    accelerator.wait_for_everyone()
+    previous = latest(root)
+    kept = f"the newest checkpoint, {previous.name}, is intact" if previous else "no checkpoint was written yet"
+    with disk_full_stops(tmp, f"checkpoint {final.name}", kept):
+        with _tied_weights_note_silenced(accelerator):
+            accelerator.save_state(str(tmp))
+        rank = accelerator.process_index
+        (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
+        rng.save(tmp, rank)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if write_extra is not None:
+                write_extra(tmp)
+            follow_umask(tmp)
+            _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
+            manifest.write(tmp)
     if accelerator.is_main_process:
-        if write_extra is not None:
-            write_extra(tmp)
-        follow_umask(tmp)
-        _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
-        _write_synced(tmp / MANIFEST, json.dumps({"format": 1, "files": _inventory(tmp)}, indent=1))
         if final.exists():  # the same step saved again (a resumed run): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -122,34 +126,17 @@ def remove_after_final(root: Path, final: Path) -> list[Path]:
 
 def verify(checkpoint: Path) -> str | None:
     """None if every file matches the manifest and none needs unpickling, else what is wrong."""
-    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
-    for path in files:
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         if _PICKLED.search(path.name):
             return (f"{path.relative_to(checkpoint)} can only be restored by unpickling, which could run code "
                     "stored in it; t2r never writes such a file")
     try:
-        listed = {name: {"size": int(entry["size"]), "sha256": str(entry["sha256"])}
-                  for name, entry in json.loads((checkpoint / MANIFEST).read_text())["files"].items()}
-    except FileNotFoundError:
+        listed = manifest.read(checkpoint)
+    except ValueError as err:
+        return str(err)
+    if listed is None:
         return f"{MANIFEST} is missing (written by t2r before checksums, or deleted)"
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        return f"{MANIFEST} is unreadable ({type(err).__name__}: {err})"
-    present = {str(p.relative_to(checkpoint)) for p in files} - {MANIFEST}
-    missing = sorted((set(listed) | {STATE_FILE, "recipe.yaml"}) - present)
-    if missing:
-        return f"{missing[0]} is missing"
-    extra = sorted(present - set(listed))
-    if extra:
-        return f"{extra[0]} is not in {MANIFEST} (added after the checkpoint was written)"
-    for name, expected in listed.items():
-        size = (checkpoint / name).stat().st_size
-        if size != expected["size"]:
-            return f"{name} is {size:,} bytes, {expected['size']:,} when written (truncated or replaced)"
-    actual = _digests(checkpoint, sorted(listed))
-    for name in sorted(listed):
-        if actual[name] != listed[name]["sha256"]:
-            return f"{name} does not match its SHA-256 checksum (changed or corrupted after it was written)"
-    return None
+    return manifest.problem(checkpoint, listed, required=(STATE_FILE, "recipe.yaml"))
 
 
 def resumable(root: Path, log: Callable[[str], None] = print) -> Path | None:
@@ -231,28 +218,6 @@ def _tied_weights_note_silenced(accelerator):
         yield
     finally:
         logger.removeFilter(note)
-
-
-def _inventory(directory: Path) -> dict:
-    names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    digests = _digests(directory, names, sync=True)
-    return {name: {"size": (directory / name).stat().st_size, "sha256": digests[name]} for name in names}
-
-
-def _digests(directory: Path, names: list[str], sync: bool = False) -> dict[str, str]:
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:  # hashlib releases the GIL
-        return dict(zip(names, pool.map(lambda name: _sha256(directory / name, sync), names)))
-
-
-def _sha256(path: Path, sync: bool = False) -> str:
-    """Hex SHA-256 of a file; with `sync`, its data is also flushed to disk (before the rename publishes it)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 23):
-            digest.update(chunk)
-        if sync:
-            os.fsync(fh.fileno())
-    return digest.hexdigest()
 
 
 def _write_synced(path: Path, text: str) -> None:

@@ -17,3 +17,8 @@ class CheckpointError(RunError):
 class NonFiniteError(RunError):
     """The loss or gradient norm stayed non-finite (nan / inf) for too many optimizer steps in a row,
     or the weights themselves became non-finite; nothing non-finite was saved."""
+
+
+class CollapseError(RunError):
+    """The loss jumped far above where the stage started, or fell back to a uniform guess, and stayed there;
+    the last good checkpoint was kept and no final model written."""

@@ -1,17 +1,20 @@
 """The trained model as `<checkpoint.dir>/final`: a complete model directory any loader reads (weights,
-config, tokenizer, resolved recipe), written to a hidden directory and renamed into place. A LoRA run
+config, tokenizer, resolved recipe, and `manifest.json` with every file's size and SHA-256, which loading
+checks), written to a hidden directory and renamed into place. A LoRA run
 saves its adapters merged into the weights (W + scaling * B @ A, the trained copies of the fully trained
 modules in place of the originals), so `final/` loads like any converted model."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
-from t2r.outputs import follow_umask
+from t2r import manifest
+from t2r.outputs import follow_umask, replace_dir
+
+from .disk import disk_full_stops
 
 PEFT_PREFIX = "base_model.model."
 
@@ -54,11 +57,11 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
         unwrapped = unwrapped.get_base_model()
     out, tmp = root / "final", root / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
-    unwrapped.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    write_extra(tmp)
-    follow_umask(tmp)  # safetensors writes model.safetensors 0600
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with disk_full_stops(tmp, "the final model", "the checkpoints are intact"):
+        unwrapped.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        write_extra(tmp)
+        follow_umask(tmp)  # safetensors writes model.safetensors 0600
+        manifest.write(tmp)  # last: loading checks every file against it
+    replace_dir(tmp, out)  # a resumed finished run: the earlier final/ stays until this one is in place
     return out

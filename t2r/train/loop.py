@@ -17,19 +17,26 @@ from typing import Callable, Iterable
 import torch
 
 from t2r.data.check import check_files, check_rows
+from t2r.data.fingerprint import fingerprint
 from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
 from .batches import heldout_loss
+from .errors import CollapseError
 from .export import save_final
+from .guard import collapsed_model
 from .model_setup import from_main_process
 from .recipe import save_resolved
-from .resume import choose_start
+from .resume import check_same_data, choose_start
 from .run_dir import RunLock
+from .signals import StopOnSignal
 from .stages import train_stages
 from .startup import StartupClock
-from .steps import require_finite
+from .steps import require_finite, vocab_size
+
+TRAINED = "trained.json"
+"""In final/: what the weights were trained on and for how long, beside the recipe they were trained with."""
 
 
 class Interrupt(Exception):
@@ -55,7 +62,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         note = from_main_process(lock.acquire if lock else None)
         if note:
             accelerator.print(note)
-        with quiet_libraries():
+        with quiet_libraries(), StopOnSignal(accelerator.print if accelerator.is_main_process else lambda text: None):
             return _train(recipe, accelerator, resume, overwrite, callbacks, clock)
     finally:
         if lock is not None:
@@ -86,14 +93,34 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock:
     from accelerate.utils import set_seed
 
     found, changes = from_main_process(lambda: choose_start(recipe, resume, overwrite, accelerator.print))
+    data_files = from_main_process(lambda: fingerprint(recipe.data.data_config()))
+    write_recipe = lambda d: save_resolved(recipe, d)  # noqa: E731
+    if found is not None:
+        from_main_process(lambda: check_same_data(found, data_files))
+        trained = checkpoint.read_state(found)["step"]
+        if trained >= recipe.total_steps:  # the recipe's asked-for changes trained nothing: keep what did
+            stored = (found / "recipe.yaml").read_text()
+            write_recipe = lambda d: (Path(d) / "recipe.yaml").write_text(stored)  # noqa: E731
+            accelerator.print(f"--resume: {found.name} has trained {trained} steps, the recipe asks for "
+                              f"{recipe.total_steps}: nothing to train; final/ is that model with the recipe it was "
+                              "trained with")
     if accelerator.is_main_process:
-        save_resolved(recipe, recipe.checkpoint.dir)
+        write_recipe(recipe.checkpoint.dir)
     set_seed(recipe.train.seed)
-    return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks, clock))
+    return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks, clock,
+                                                      record={"data_files": data_files}), write_recipe)
 
 
-def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, history: list) -> dict:
-    """After the last step: the held-out loss, the final model, final_metrics.json, the plot."""
+def _provenance(directory: Path, state: dict, write_recipe) -> None:
+    write_recipe(directory)
+    trained = {key: state.get(key) for key in ("step", "tokens", "skipped_steps", "recipe_changes", "data_files")}
+    (Path(directory) / TRAINED).write_text(json.dumps(trained, indent=1) + "\n")
+
+
+def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, history: list, write_recipe) -> dict:
+    """After the last step: the held-out loss, the final model (with `write_recipe(dir)`'s recipe.yaml and
+    `trained.json`: steps, tokens, skipped steps, recipe changes and data files as trained), final_metrics.json,
+    the plot."""
     root, step, tokens = Path(recipe.checkpoint.dir), state["step"], state["tokens"]
     world, rank = accelerator.num_processes, accelerator.process_index
 
@@ -103,8 +130,13 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
     if recipe.data.held_out:
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
+        collapsed = collapsed_model(final["validation_loss"], vocab_size(accelerator.unwrap_model(model)),
+                                    list(state.get("loss_watch", {}).values()))
+        if collapsed:
+            raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
+                                f"again (--overwrite); the checkpoints in {root} hold the weights as trained")
     accelerator.wait_for_everyone()
-    out = save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
+    out = save_final(accelerator, model, tokenizer, root, lambda d: _provenance(d, state, write_recipe))
     if accelerator.is_main_process:
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
         measured = any("held_out_loss" in r and r["step"] == step for r in history)  # a finished run resumed

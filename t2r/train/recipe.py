@@ -24,6 +24,7 @@ from t2r.layers import MIXERS
 from t2r.ranking import CRITERIA as RANK_CRITERIA
 from t2r.ranking import SWEEPS as RANK_SWEEPS
 
+from . import strict_yaml
 from .checks import check_recipe, find_stage, stages_from_sections
 from .fields import RecipeError, build, plain
 
@@ -109,6 +110,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     trainable: str = "all"
     max_nonfinite_steps: int = 10  # skip steps with a nan/inf loss or gradient norm; stop after this many in a row
+    max_collapsed_steps: int = 5  # stop after this many collapsed steps in a row (t2r.train.guard.CollapseGuard)
     fused_kl: bool = True
     """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
     (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
@@ -122,7 +124,7 @@ class TrainSection:
         "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1},
         "max_steps": {"min": 1}, "max_tokens": {"min": 1}, "seed": {"min": 0},
         "mixed_precision": {"choices": MIXED_PRECISION}, "trainable": {"choices": TRAINABLE},
-        "max_nonfinite_steps": {"min": 1},
+        "max_nonfinite_steps": {"min": 1}, "max_collapsed_steps": {"min": 1},
     }
 
     @property
@@ -258,7 +260,9 @@ def apply_override(data: dict, override: str) -> None:
     if not sep or not key:
         raise RecipeError(f"override {override!r}: expected section.field=value, e.g. train.lr=1e-4")
     try:
-        value = yaml.safe_load(text)
+        value = strict_yaml.load(text)
+    except strict_yaml.DuplicateKeyError as err:
+        raise RecipeError(f"override {override!r}: {err}") from None
     except yaml.YAMLError:
         value = text
     parts, node = key.split("."), data
@@ -285,7 +289,9 @@ def load_recipe(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if not path.is_file():
             raise RecipeError(f"recipe file {str(path)!r} does not exist")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = strict_yaml.load(path.read_text()) or {}
+        except strict_yaml.DuplicateKeyError as err:
+            raise RecipeError(f"recipe file {str(path)!r}: {err}") from None
         except yaml.YAMLError as err:
             raise RecipeError(f"recipe file {str(path)!r} is not valid YAML: {err}") from None
         if not isinstance(data, dict):

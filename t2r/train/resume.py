@@ -16,12 +16,14 @@ from typing import Callable
 
 import yaml
 
+from t2r.data.fingerprint import changes as data_changes
+
 from . import checkpoint, run_dir
 from .errors import CheckpointError, RunDirError
 
 MUTABLE = ("name", "train.max_steps", "train.max_tokens", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
            "train.schedule", "train.grad_clip", "train.gradient_checkpointing", "train.max_nonfinite_steps",
-           "train.fused_kl", "train.compile", "checkpoint", "logging", "eval")
+           "train.max_collapsed_steps", "train.fused_kl", "train.compile", "checkpoint", "logging", "eval")
 """Recipe fields (or whole sections) that may change between a run and its resumption."""
 
 
@@ -89,6 +91,17 @@ def check_stage_list(stored, current, found: Path) -> None:
         "changes to resume, or start a new run (--overwrite, or another checkpoint.dir)")
 
 
+def check_same_data(found: Path, current: dict | None) -> None:
+    """CheckpointError when the local data files differ from those `found` was trained on (`t2r.data.fingerprint`);
+    checkpoints written before fingerprints pass."""
+    lines = data_changes(checkpoint.read_state(found).get("data_files"), current)
+    if lines:
+        raise CheckpointError(
+            f"--resume: the training data changed since {found.name} was written:\n  " + "\n  ".join(lines)
+            + "\nresuming would not continue the same data stream: restore the data as it was, or start a new run "
+            "(--overwrite, or another checkpoint.dir)")
+
+
 def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], None] = print):
     """(checkpoint to resume from or None, applied recipe changes) for a run in `recipe.checkpoint.dir`,
     which the caller has locked. A fresh start claims the directory (see `run_dir.claim`)."""
@@ -99,8 +112,11 @@ def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], Non
             raise RunDirError(f"--resume: {root} holds a finished run (final/) and no checkpoint to continue it from "
                               "(checkpoint.keep_last: 0 deletes them once final/ is written): --overwrite starts "
                               "afresh, or set checkpoint.dir to a new directory")
-        if resume:
-            log(f"--resume: no checkpoint in {root}; starting afresh")
-        run_dir.claim(root, overwrite, log)
+        if resume:  # a run stopped before its first checkpoint: its logs go, the run starts again from step 0
+            leftovers = run_dir.outputs(root)
+            log(f"--resume: no checkpoint in {root}; starting afresh"
+                + (f" (the run stopped before its first checkpoint; replacing its "
+                   f"{', '.join(p.name for p in leftovers)})" if leftovers else ""))
+        run_dir.claim(root, overwrite or resume, lambda text: None if resume else log(text))
         return None, []
     return found, compare(recipe, found, log)

@@ -79,15 +79,15 @@ def _needs_teacher(stages) -> bool:
     return any(stage.loss.get(loss) for stage in stages for loss in TEACHER_LOSSES)
 
 
-def train_stages(recipe, accelerator, found, changes, callbacks, clock=None):
+def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, record: dict | None = None):
     """Run the stages of `recipe` in order (from `found`, a checkpoint, when resuming); returns
     (model, tokenizer, state, last metrics, history) for the run's final steps. `clock`, a `StartupClock`,
-    times the start up to the first step."""
+    times the start up to the first step; `record` goes into the trainer state of every checkpoint."""
     clock = clock or StartupClock()
     root, world = Path(recipe.checkpoint.dir), accelerator.num_processes
     plan = _plan(recipe)
     names = [stage.name for stage, _, _ in plan]
-    state = {"step": 0, "tokens": 0, "skipped_steps": 0, "recipe_changes": []}
+    state = {"step": 0, "tokens": 0, "skipped_steps": 0, "recipe_changes": [], **(record or {})}
     if recipe.stages is not None:
         state.update(stage=names[0], stage_step=0)
     saved = checkpoint.read_state(found) if found is not None else state
@@ -116,7 +116,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None):
     if found is not None:
         with clock.part("resume"):
             state = {**state, **checkpoint.load(accelerator, found)}
-        state["recipe_changes"] = state["recipe_changes"] + [{"step": state["step"], **c} for c in changes]
+        if state["step"] < recipe.total_steps:  # changes that train nothing are not part of the model's history
+            state["recipe_changes"] = state["recipe_changes"] + [{"step": state["step"], **c} for c in changes]
         where = (f"stage {state['stage']}, step {state['stage_step']} of it; global step "
                  if recipe.stages is not None else "step ")
         accelerator.print(f"resumed from {found} ({where}{state['step']}, {state['tokens']:,} tokens)")
@@ -186,7 +187,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast, fused), optimizer, params,
                 stage.lr, lr_at, batches, first=first, stage=stage.name if named else None,
                 lr_field=f"stages.{stage.name}.lr" if named else "train.lr",
-                manual_grad_sync=manual_sync, clock=clock)
+                manual_grad_sync=manual_sync, clock=clock, micro_tokens=per_micro)
     try:
         return train_steps(recipe, accelerator, model, run, state, history, callbacks)
     finally:

@@ -5,6 +5,7 @@ schedule as a `Steps`."""
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +13,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from . import checkpoint, logs
-from .errors import NonFiniteError
-from .guard import NonFiniteGuard, weights_finite
+from . import checkpoint, logs, signals
+from .errors import CollapseError, NonFiniteError
+from .guard import CollapseGuard, NonFiniteGuard, weights_finite
 from .recipe import save_resolved
 
 
@@ -36,6 +37,7 @@ class Steps:
     lr_field: str = "train.lr"
     manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
     clock: object = None  # a `StartupClock` still open: closed, printed and written after this run's first step
+    micro_tokens: int = 0  # the tokens of a full micro-batch: a shorter one (the data's last rows) is noted
 
 
 def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
@@ -47,6 +49,11 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
         f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
     guard.total = state["skipped_steps"]
+    record = state.setdefault("loss_watch", {}).setdefault(run.stage or "train", {})
+    collapse = CollapseGuard(vocab_size(accelerator.unwrap_model(model)), recipe.train.max_collapsed_steps, record,
+                             hint=f": lower {run.lr_field} (now {run.peak_lr}) and --overwrite, or --resume from an "
+                                  "earlier checkpoint's state")
+    collapsed = None
     end = run.first + run.total
     progress = logs.Progress(run.total, step - run.first, accelerator.is_main_process, recipe.logging.every_steps,
                              label=run.stage or "")
@@ -58,6 +65,11 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     for batch in batches:
         if step >= end:
             break
+        if batch["input_ids"].numel() < run.micro_tokens:
+            accelerator.print(f"note: step {step + 1}: a short micro-batch, {batch['input_ids'].numel():,} of "
+                              f"{run.micro_tokens:,} tokens (the last rows of the data before it starts over); this "
+                              f"step trains on fewer than train.tokens_per_step={recipe.train.tokens_per_step:,} "
+                              "tokens")
         with accelerator.accumulate(model):
             loss, parts = run.loss(batch)
             accelerator.backward(loss)
@@ -77,6 +89,8 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
                 grad_norm = float(accelerator.clip_grad_norm_(run.params, recipe.train.grad_clip or math.inf))
                 lr = run.peak_lr * run.lr_at(step - run.first)
                 update = guard.check(step + 1, window_loss, grad_norm)
+                if math.isfinite(window_loss):
+                    collapsed = collapse.check(step + 1, window_loss, window_parts.get("next_token"))
                 if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
                     for group in run.optimizer.param_groups:
                         group["lr"] = lr
@@ -112,15 +126,51 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
         state.update(step=step, tokens=tokens, skipped_steps=guard.total)
         if run.stage is not None:
             state["stage_step"] = step - run.first
-        if step % recipe.checkpoint.every_steps == 0 or step == end:
-            require_finite(model, accelerator, step, root)
-            checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
-                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
-                            label=run.stage)
+        saved = None
+        if (step % recipe.checkpoint.every_steps == 0 or step == end) and collapsed:
+            if step == end:
+                raise CollapseError(f"step {step}: {collapsed}: the run ended on a collapsed step, so it was not saved "
+                                    f"and no final model was written; the newest checkpoint in {root} holds the last "
+                                    f"good weights: lower {run.lr_field} (now {run.peak_lr}) and --overwrite")
+            accelerator.print(f"step {step}: {collapsed}; the checkpoint is not written while the loss looks "
+                              "collapsed (the newest one holds the last good weights)")
+        elif step % recipe.checkpoint.every_steps == 0 or step == end:
+            saved = _save(recipe, accelerator, model, run, state, step)
         for callback in callbacks:
             callback(metrics)
+        signum = _signal_on_any_process(accelerator, signals.active())
+        if signum:
+            if collapsed:
+                where = f"this collapsed step was not saved; the newest checkpoint in {root} holds the last good one"
+            else:
+                where = f"checkpoint {(saved or _save(recipe, accelerator, model, run, state, step)).name} written"
+            raise signals.Stopped(f"stopped by {signal.Signals(signum).name} after step {step}: {where}; --resume "
+                                  "continues the run", signum)
     progress.close()
     return metrics
+
+
+def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Path:
+    root = Path(recipe.checkpoint.dir)
+    require_finite(model, accelerator, step, root)
+    return checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
+                           keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
+                           label=run.stage)
+
+
+def _signal_on_any_process(accelerator, stop) -> int | None:
+    """The stop signal this process received; with several processes, any one's (all then stop at the same step)."""
+    signum = stop.signum if stop is not None else None
+    if accelerator.num_processes == 1:
+        return signum
+    flag = accelerator.reduce(torch.tensor(float(signum or 0), device=accelerator.device), "sum").item()
+    return signum or (int(signal.SIGTERM) if flag else None)
+
+
+def vocab_size(model) -> int:
+    """The size of the vocabulary the model predicts over."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
 
 
 def require_finite(model, accelerator, step: int, root: Path) -> None:

@@ -3,6 +3,7 @@ conversion says how to finetune it."""
 
 import json
 import shlex
+import shutil
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -23,7 +24,7 @@ def test_convert_never_overwrites_its_source_or_writes_into_a_file(tmp_path, cap
     assert "is a file; give a directory" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out")]) == 0
     assert main([*args, str(tmp_path / "out")]) == 2
-    assert "is not empty (config.json, generation_config.json, model.safetensors, t2r_conversion.json, ...); " \
+    assert "is not empty (config.json, generation_config.json, manifest.json, model.safetensors, ...); " \
         "pass --overwrite" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out"), "--overwrite"]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.t2r_mixers == ["gla"] * 3
@@ -92,3 +93,24 @@ def test_a_fresh_conversion_says_so_with_the_command_that_finetunes_it(tmp_path,
     assert main(["convert", "--model", str(tmp_path / "src"), "--to", "fox", "--rope", "false", "--out",
                  str(tmp_path / "fox-norope"), "--device", "cpu"]) == 0
     assert "its text is nonsense until it is finetuned" in capsys.readouterr().out  # no RoPE: not the source
+
+
+def test_overwrite_replaces_only_what_t2r_wrote(tmp_path, capsys):
+    """Before, --overwrite deleted everything in --out, a user's thesis.txt and photos/ included."""
+    save_tiny_source(tmp_path / "src", tokenizer="words")
+    args = ["convert", "--model", str(tmp_path / "src"), "--to", "gla", "--device", "cpu", "--out",
+            str(tmp_path / "out"), "--overwrite"]
+    (tmp_path / "out" / "photos").mkdir(parents=True)
+    (tmp_path / "out" / "photos" / "cat.jpg").write_bytes(b"jpg")
+    (tmp_path / "out" / "thesis.txt").write_text("years of work")
+    assert main(args) == 2
+    assert "holds files t2r did not write (photos/, thesis.txt): --overwrite replaces only a model t2r wrote" in \
+        capsys.readouterr().err
+    assert (tmp_path / "out" / "thesis.txt").read_text() == "years of work"
+    (tmp_path / "out" / "thesis.txt").unlink()
+    shutil.rmtree(tmp_path / "out" / "photos")
+    assert main(args) == 0  # an empty directory
+    assert main(args) == 0  # a model t2r wrote: replaced
+    (tmp_path / "out" / "notes.md").write_text("mine")  # added later: not t2r's
+    assert main(args) == 2 and "(notes.md)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no half copy left beside it

@@ -98,3 +98,25 @@ def test_run_dry_run_says_what_it_would_train_and_evaluate(capsys):
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out
     assert "# eval: then runs/mistral-7b-gsa-20b/final against mistralai/Mistral-7B-v0.1 (suites: ppl;" in out
     assert "report in runs/mistral-7b-gsa-20b/eval/" in out
+
+
+def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path, capsys):
+    """Before: --dry-run passed, training completed, then `ppl asks for 2048 tokens but source supports 256`."""
+    from t2r.data.synthetic import write_jsonl
+
+    source = save_tiny_source(tmp_path / "src")  # max_position_embeddings 256
+    data = write_jsonl(tmp_path / "train.jsonl", count=20)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa, layers: '0-1'}}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: 2}}\n"
+                      "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\neval: {{suites: [ppl], ppl_length: 2048}}\n")
+    for extra in (["--dry-run"], []):
+        assert main(["run", "--config", str(recipe), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"eval: ppl asks for 2048 tokens but {tmp_path / 'run'}/final supports 256" in err, err
+        assert not (tmp_path / "run").exists()  # nothing trained
+    recipe.write_text(recipe.read_text().replace("layers: '0-1'", "layers: null"))  # all GSA: no limit, but the
+    assert main(["run", "--config", str(recipe), "--dry-run"]) == 2  # source it is compared with has one
+    assert f"eval: ppl asks for 2048 tokens but {source} supports 256" in capsys.readouterr().err
+    assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0

@@ -140,3 +140,15 @@ def test_hub_id_goes_to_load_dataset_streaming(monkeypatch):
     assert sorted(train + list(load_documents(cfg, seed=0, part="validation"))) == [f"doc {i}" for i in range(6)]
     cfg.streaming = False
     assert len(list(load_documents(cfg, seed=0))) == 4 and calls[-1][2]["streaming"] is False
+
+
+def test_a_bad_row_deep_in_a_file_names_the_file_and_line(tmp_path):
+    """Past the first 100 documents `check_files` reads: before, `TypeError: text_field 'text' holds int, not str`
+    with a traceback and no file or line."""
+    from t2r.data.files import DataError
+    from tests.helpers.data import write_jsonl
+
+    path = write_jsonl(tmp_path / "deep.jsonl", [{"text": f"document {i}"} for i in range(300)] + [{"text": 5}])
+    with pytest.raises(DataError, match=r"deep.jsonl, line 301: field 'text' holds int, not text: fix or delete the "
+                                        r"line, or set data.text_field to a field of strings"):
+        docs(path)

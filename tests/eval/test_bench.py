@@ -89,6 +89,13 @@ def test_oom_row_and_sweep_goes_on(source, monkeypatch, error):
     assert rows[2].cache_bytes == rows[0].cache_bytes > 0
 
 
+def test_an_input_too_large_for_memory_is_an_oom_row(source):
+    """`t2r bench --batch-sizes 1000000000`: allocating the inputs themselves fails; before, it ended the command."""
+    model = t2r.convert(source, "gla").eval()
+    rows = bench_model(model, "gla", [16], [1, 10**12, 1], **FAST)
+    assert [r.status for r in rows] == ["ok", "OOM", "ok"]
+
+
 def test_other_errors_are_reported(source, monkeypatch):
     model = t2r.convert(source, "gla").eval()
 

@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 
+from t2r.manifest import DamagedModelError, sha256
+from t2r.sources import load_source
 from t2r.train import CheckpointError, finetune
 from t2r.train import checkpoint as ckpt
 from t2r.train.safe_load import RestrictedUnpickler, no_code_from_disk
@@ -89,6 +91,18 @@ def test_no_intact_checkpoint_refuses_to_resume(tmp_path, source_dir, corpus, fi
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_final_carries_a_manifest_and_loading_refuses_it_damaged(tmp_path, finished):
+    """Before, 1,000 flipped bytes in final/model.safetensors loaded without a word (generate gave garbage)."""
+    final = tmp_path / "final"
+    shutil.copytree(finished[0] / "final", final)
+    listed = json.loads((final / ckpt.MANIFEST).read_text())["files"]
+    assert {"model.safetensors", "config.json", "recipe.yaml", "tokenizer.json"} <= set(listed)
+    load_source(str(final))
+    flip_bytes(final / "model.safetensors")
+    with pytest.raises(DamagedModelError, match="final is damaged: model.safetensors does not match its SHA-256"):
+        load_source(str(final))
+
+
 def test_a_pickle_payload_in_a_checkpoint_never_runs(tmp_path, source_dir, corpus, finished, capsys):
     """accelerate restores `custom_checkpoint_0.pkl` with weights_only=False. Dropped into the newest
     checkpoint (even listed in its manifest), it makes that checkpoint refused: the run resumes from the
@@ -99,7 +113,7 @@ def test_a_pickle_payload_in_a_checkpoint_never_runs(tmp_path, source_dir, corpu
     torch.save(Payload(marker), newest / "custom_checkpoint_0.pkl")
     manifest = json.loads((newest / ckpt.MANIFEST).read_text())
     manifest["files"]["custom_checkpoint_0.pkl"] = {"size": (newest / "custom_checkpoint_0.pkl").stat().st_size,
-                                                    "sha256": ckpt._sha256(newest / "custom_checkpoint_0.pkl")}
+                                                    "sha256": sha256(newest / "custom_checkpoint_0.pkl")}
     (newest / ckpt.MANIFEST).write_text(json.dumps(manifest))
     finetune(r, resume=True)
     assert "custom_checkpoint_0.pkl can only be restored by unpickling" in capsys.readouterr().out
@@ -115,7 +129,7 @@ def test_a_payload_behind_a_valid_checksum_is_refused_on_load(tmp_path, source_d
     torch.save({"state": Payload(marker)}, newest / "optimizer.bin")
     manifest = json.loads((newest / ckpt.MANIFEST).read_text())
     manifest["files"]["optimizer.bin"] = {"size": (newest / "optimizer.bin").stat().st_size,
-                                          "sha256": ckpt._sha256(newest / "optimizer.bin")}
+                                          "sha256": sha256(newest / "optimizer.bin")}
     (newest / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="cannot resume from .*step-00000006: UnpicklingError"):
         finetune(r, resume=True)
@@ -175,3 +189,41 @@ def test_resume_refuses_a_changed_recipe_and_applies_allowed_changes(tmp_path, s
     same_lr = copy_run(finished, other, source_dir, corpus, **{"train.max_steps": 8})
     finetune(same_lr, resume=True)
     assert any(not torch.equal(final_weights(same_lr)[n], w) for n, w in final_weights(allowed).items())
+
+
+def test_data_edited_in_place_is_refused_on_resume(tmp_path, source_dir, corpus, finished):
+    """Before, the resume exited 0 and its final weights differed from an uninterrupted run's."""
+    data = tmp_path / "corpus.jsonl"
+    shutil.copy(corpus, data)
+    r = recipe(tmp_path, source_dir, data, run="own", **{"train.max_steps": 3})
+    finetune(r)
+    state = ckpt.read_state(ckpt.latest(r.checkpoint.dir))
+    assert state["data_files"] == {str(data): {"size": data.stat().st_size, "sha256": sha256(data)}}
+    assert json.loads((tmp_path / "own" / "final" / "trained.json").read_text())["data_files"] == state["data_files"]
+    text = data.read_text()
+    data.write_text(text.replace("fox", "cat", 1))  # same size, other content
+    longer = recipe(tmp_path, source_dir, data, run="own", **{"train.max_steps": 6})
+    with pytest.raises(CheckpointError, match=r"the training data changed since step-00000003 was written:\n  "
+                                              r".*corpus.jsonl: same size, other content"):
+        finetune(longer, resume=True)
+    data.write_text(text + text.splitlines()[0] + "\n")
+    with pytest.raises(CheckpointError, match=r"corpus.jsonl: [\d,]+ bytes then, [\d,]+ now"):
+        finetune(longer, resume=True)
+    data.write_text(text)  # restored: the run continues
+    assert finetune(longer, resume=True)["step"] == 6
+
+
+def test_a_resume_that_trains_nothing_keeps_the_recipe_it_was_trained_with(tmp_path, source_dir, corpus, finished,
+                                                                          capsys):
+    """Before, max_steps lowered below the checkpoint trained nothing and final/recipe.yaml recorded the asked-for
+    max_steps and lr."""
+    r = copy_run(finished, tmp_path, source_dir, corpus, **{"train.max_steps": 5, "train.lr": 0.01})
+    finetune(r, resume=True)
+    assert "step-00000006 has trained 6 steps, the recipe asks for 5: nothing to train" in capsys.readouterr().out
+    for saved in (tmp_path / "run" / "recipe.yaml", tmp_path / "run" / "final" / "recipe.yaml"):
+        train = yaml.safe_load(saved.read_text())["train"]
+        assert (train["max_steps"], train["lr"]) == (6, 0.003), saved
+    trained = json.loads((tmp_path / "run" / "final" / "trained.json").read_text())
+    assert trained["step"] == 6 and trained["recipe_changes"] == []
+    for name, value in finished[1].items():
+        assert torch.equal(final_weights(r)[name], value), name

@@ -7,7 +7,7 @@ import torch
 
 from t2r.train import Interrupt, finetune
 from t2r.train import checkpoint as ckpt
-from tests.helpers.data import char_tokenizer
+from tests.helpers.data import char_tokenizer, write_jsonl
 from tests.helpers.models import tiny_source
 from tests.helpers.recipes import final_weights, recipe
 
@@ -53,8 +53,10 @@ def test_resume_without_checkpoint_starts_fresh_and_half_written_checkpoints_are
     assert ckpt.latest(r.checkpoint.dir) is None
     assert finetune(r, resume=True)["step"] == 3
     assert not stale.exists()
-    assert ckpt.read_state(ckpt.latest(r.checkpoint.dir)) == {"step": 3, "tokens": 3 * 128, "skipped_steps": 0,
-                                                              "recipe_changes": []}
+    state = ckpt.read_state(ckpt.latest(r.checkpoint.dir))
+    assert {k: state[k] for k in ("step", "tokens", "skipped_steps", "recipe_changes")} == {
+        "step": 3, "tokens": 3 * 128, "skipped_steps": 0, "recipe_changes": []}
+    assert set(state["loss_watch"]["train"]) == {"start", "best_next_token"}  # the collapse guard's record
 
 
 def test_gates_only_leaves_the_rest_untouched(tmp_path, source_dir, corpus):
@@ -242,3 +244,14 @@ def test_attention_transfer_passes_positions_to_a_window_on_packed_documents():
     batch = collate_packed(rows)
     first = _align(student, teacher, [batch], lr=1e-3)[0]
     assert first < 1e-10, first
+
+
+def test_a_short_last_micro_batch_is_noted(tmp_path, source_dir, capsys):
+    """8 documents pack into 7 micro-batches of 4 x 32 tokens and one of 32 tokens, in step 4 (before, no word)."""
+    data = write_jsonl(tmp_path / "eight.jsonl", [{"text": "the quick brown fox jumps over the lazy dog " * 3}] * 8)
+    r = recipe(tmp_path, source_dir, data, **{"data.held_out": 1, "train.micro_batch_size": 4,
+                                               "train.tokens_per_step": 256, "train.max_steps": 4})
+    finetune(r)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step")]
+    assert notes == ["note: step 4: a short micro-batch, 32 of 128 tokens (the last rows of the data before it starts "
+                     "over); this step trains on fewer than train.tokens_per_step=256 tokens"]

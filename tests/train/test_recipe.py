@@ -236,3 +236,16 @@ def test_a_window_gives_retnet_a_gain_to_train_as_its_gates():
     recipe = load_recipe(Path(__file__).parents[2] / "recipes/mistral-7b-retnet-20b.yaml",
                          ["train.trainable=gates", "convert.options={window: 64, sinks: 4}"])
     assert recipe.train.trainable == "gates" and recipe.convert.options["window"] == 64
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """Before, the last `lr:` won silently."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("model: {source: smollm2}\nconvert: {target: gsa}\ndata: {path: org/dataset}\n"
+                    "train:\n  tokens_per_step: 4096\n  lr: 3.0e-4\n  max_steps: 10\n  lr: 1.0e-2\n")
+    with pytest.raises(RecipeError, match=r"twice.yaml'?: key 'lr' is given twice, on line 6 and line 8: keep one"):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match=r"override 'stages=\[\{name: a, name: b\}\]': key 'name' is given twice"):
+        make("stages=[{name: a, name: b}]")
+    path.write_text(path.read_text().replace("  lr: 1.0e-2\n", "  min_lr_ratio: 0.2\n"))
+    assert load_recipe(path).train.lr == 3e-4

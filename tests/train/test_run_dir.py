@@ -24,7 +24,8 @@ from tests.helpers.recipes import final_weights, recipe
 CHILD = """
 import os, sys, time
 from pathlib import Path
-from t2r.train import checkpoint, finetune, load_recipe
+from t2r import manifest
+from t2r.train import finetune, load_recipe
 
 recipe_path, point, ready = sys.argv[1:4]
 n = int(point.rsplit("-", 1)[1])
@@ -37,12 +38,12 @@ callbacks = []
 if point.startswith("after-step-"):
     callbacks.append(lambda metrics: stop_here() if metrics["step"] == n else None)
 elif point.startswith("mid-save-"):
-    inventory = checkpoint._inventory
+    write_manifest = manifest.write
     def paused(directory):
         if directory.name == f".tmp-step-{n:08d}":
             stop_here()
-        return inventory(directory)
-    checkpoint._inventory = paused
+        return write_manifest(directory)
+    manifest.write = paused
 else:  # mid-final-N: final/ written to .tmp-final, not yet renamed
     replace = os.replace
     def paused_replace(src, dst):
@@ -111,6 +112,20 @@ def test_a_second_run_is_locked_out_and_a_killed_run_resumes_exactly(tmp_path, s
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]  # the killed run's step 4 was dropped
     assert [r["step"] for r in rows if "held_out_loss" in r] == [6]  # and redone, nothing interleaved
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(tmp_path, source_dir, corpus, straight,
+                                                                        capsys):
+    """Before: `--resume: no checkpoint ...; starting afresh`, then `error: ... holds another run ... --overwrite`."""
+    r = recipe(tmp_path, source_dir, corpus)
+    kill(start_child(tmp_path, "run", "after-step-2"))  # checkpoints every 3 steps: none yet
+    assert ckpt.latest(r.checkpoint.dir) is None and (tmp_path / "run" / "metrics.jsonl").is_file()
+    finetune(r, resume=True)
+    assert ("--resume: no checkpoint in {}; starting afresh (the run stopped before its first checkpoint; replacing "
+            "its metrics.jsonl, recipe.yaml)".format(tmp_path / "run")) in capsys.readouterr().out
+    assert_same_weights(straight, final_weights(r))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("point, half, latest", [("mid-save-6", ".tmp-step-00000006", "step-00000003"),
