@@ -56,7 +56,8 @@ def read_rows(path: str, tokenizer, rows: int, tokens: int) -> torch.Tensor:
                 kept.append(ids[:tokens])
             if len(kept) == rows:
                 return torch.stack(kept)
-    raise ValueError(f"{path} has only {len(kept)} documents of {tokens} tokens or more; ask for fewer --rows or --tokens")
+    raise ValueError(f"{path} has only {len(kept)} documents of {tokens} tokens or more; "
+                     "ask for fewer --rows or --tokens")
 
 
 def set_after_conversion(model, options: dict) -> None:

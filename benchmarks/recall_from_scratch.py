@@ -88,7 +88,8 @@ def main() -> None:
     rows = [("softmax", {}), ("gla", {}), ("gsa", {"num_slots": d // 2}), ("gdn", {}), ("gdn", {"conv_size": 0})]
     title = (f"MQAR from scratch: {args.pairs} pairs ({4 * args.pairs} tokens), 2 layers, 2 heads of {d}, "
              f"{args.steps} steps of {args.batch} sequences, AdamW lr {args.lr}; accuracy on 512 held-out sequences")
-    header = "| mixer | options | state floats per head | parameters | final train loss | recall accuracy | train time s |"
+    header = ("| mixer | options | state floats per head | parameters | final train loss | recall accuracy "
+              "| train time s |")
     lines = [title, "", header, "|---|---|---|---|---|---|---|"]
     for target, options in rows:
         model = tiny_model(target, options, d, args.seed)
@@ -98,10 +99,12 @@ def main() -> None:
         accuracy = evaluate(model, args.pairs)
         conv = 9 * d if target == "gdn" and options.get("conv_size", 4) else 0  # 3 inputs of q, k, v per head
         state = "grows (K/V)" if target == "softmax" else (
-            f"{2 * d * options['num_slots']}" if target == "gsa" else f"{d * d}" + (f" + {conv} (conv)" if conv else ""))
+            f"{2 * d * options['num_slots']}" if target == "gsa"
+            else f"{d * d}" + (f" + {conv} (conv)" if conv else ""))
         parameters = sum(p.numel() for p in model.parameters())
         described = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
-        lines.append(f"| {target} | {described} | {state} | {parameters:,} | {loss:.3f} | {accuracy:.3f} | {seconds:.0f} |")
+        lines.append(f"| {target} | {described} | {state} | {parameters:,} | {loss:.3f} | {accuracy:.3f} "
+                     f"| {seconds:.0f} |")
         print(lines[-1], flush=True)
     table = "\n".join(lines)
     print(table)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from t2r.cli.common import default_device
+from t2r.words import counted
 
 
 def run_finetune(args) -> int:
@@ -33,12 +34,12 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
 
     print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
     train, seq_len = recipe.train, recipe.data.seq_len
-    print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
+    print(f"# plan: {counted(recipe.total_steps, 'step')} of {train.tokens_per_step:,} tokens "
           f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
           f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
           f"{recipe.grad_accum_steps(1)}x on 1 process"
           + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
-          + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+          + f"; checkpoints every {counted(recipe.checkpoint.every_steps, 'step')} in {recipe.checkpoint.dir}")
     if recipe.stages is not None:
         from t2r.train.stages import describe
 

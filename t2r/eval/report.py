@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from t2r.words import counted
+
 from . import frontier
 from .axes import log_axis, spread
 from .bench import BenchRow, format_table
@@ -137,6 +139,9 @@ def markdown(results: dict) -> str:
                  f"torch {env['torch']}, transformers {env['transformers']}, t2r {env['t2r']}"
                  + (f", lm-eval {env['lm_eval']}" if env.get("lm_eval") else ""))
     parts.append(f"- command: `{results['command']}`")
+    if results.get("quick"):
+        parts.append(f"- **quick look** (limit {results['settings']['limit']}), cut to: "
+                     + "; ".join(results["quick"]) + ". Without --limit every suite runs in full.")
     if results.get("cache"):
         c = results["cache"]
         parts.append(f"- baseline scores: {c['read']} read from `{c['dir']}` (same weights, inputs and settings), "
@@ -163,12 +168,13 @@ def markdown(results: dict) -> str:
                   "frontier.png draws them.", "", frontier.table(results), ""]
     if "mqar" in results:
         parts += ["## Multi-query associative recall", "",
-                  f"Accuracy (exact match of the value, {results['mqar']['count']} prompts per row).", "",
+                  f"Accuracy (exact match of the value, {counted(results['mqar']['count'], 'prompt')} per row).", "",
                   mqar_table(results["mqar"]), ""]
     if "passkey" in results:
         parts += ["## Passkey retrieval", "",
                   f"Accuracy over needle depths {results['passkey']['depths']} "
-                  f"({results['passkey']['count']} prompts per cell).", "", passkey_table(results["passkey"]), ""]
+                  f"({counted(results['passkey']['count'], 'prompt')} per cell).", "",
+                  passkey_table(results["passkey"]), ""]
     if results.get("tasks"):
         parts += ["## lm-eval tasks", "", tasks_table(results["tasks"], names["model"], names.get("baseline")), ""]
     if results.get("bench"):
