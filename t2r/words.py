@@ -8,3 +8,12 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     if count == 1:
         return f"{count} {noun}"
     return f"{count:,} {plural or (noun + 'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else noun + 's')}"
+
+
+def token_unit(largest: float) -> tuple[float, str]:
+    """(divisor, unit) that writes token counts up to `largest` as plain numbers: (1, "") below 10K, (1e3, "K")
+    below 10M, (1e6, "M") below 10B, else (1e9, "B")."""
+    for divisor, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if largest >= 10 * divisor:
+            return divisor, unit
+    return 1.0, ""

@@ -108,8 +108,12 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
     if accelerator.is_main_process:
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
         measured = any("held_out_loss" in r and r["step"] == step for r in history)  # a finished run resumed
+        if "validation_loss" in final:
+            accelerator.print(f"held-out loss {final['validation_loss']:.3f} (perplexity {final['validation_ppl']:.2f})"
+                              f" after step {step}, on data.held_out={recipe.data.held_out} documents")
         if "validation_loss" in final and not measured:
-            logs.append_jsonl(root / "metrics.jsonl", logs.held_out_row(step, tokens, final["validation_loss"]))
+            history = [*history, logs.held_out_row(step, tokens, final["validation_loss"])]
+            logs.append_jsonl(root / "metrics.jsonl", history[-1])
         if recipe.checkpoint.keep_last == 0:
             removed = checkpoint.remove_after_final(root, out)
             if removed:
