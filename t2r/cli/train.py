@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from t2r.cli.common import default_device
+from t2r.paths import offline_if_unreachable
 from t2r.words import counted
 
 
@@ -44,14 +45,23 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
         from t2r.train.stages import describe
 
         print(describe(recipe))
+    from t2r.models.known_configs import known_config
     from t2r.sources import load_config
     from t2r.train.plan import count_parameters, format_plan
 
-    try:
-        config = load_config(recipe.model.source)
-    except OSError as err:  # an unreachable hub id: the rest of the dry run stands
-        print(f"# memory plan: skipped, the model config is not available ({err})")
-        return
+    config = None if measure is not None else known_config(recipe.model.source)
+    if config is not None:
+        print(f"# memory plan from t2r's built-in copy of {recipe.model.source}'s config (no hub access needed)")
+    else:
+        offline_if_unreachable(recipe.model.source)
+        try:
+            config = load_config(recipe.model.source)
+        except OSError as err:  # an unreachable hub id: the rest of the dry run stands
+            print(f"# memory plan: skipped, the model config is not available ({err}); for a plan offline, set "
+                  "model.source to a directory holding its config.json (on a connected machine: python -c \"from "
+                  f"transformers import AutoConfig; AutoConfig.from_pretrained('{recipe.model.source}')"
+                  ".save_pretrained('model-config')\")")
+            return
     counts = count_parameters(recipe, config)
     measured = None
     if measure is not None:
@@ -75,8 +85,9 @@ def eval_plan(recipe, settings) -> str:
             settings.data or "generated long documents")
     suites = ", ".join([*settings.suites, *settings.tasks]) or "none"
     return (f"# eval: then {recipe.checkpoint.dir}/final against {settings.baseline or recipe.model.source} "
-            f"(suites: {suites}; perplexity data: {data}, {settings.ppl_rows} rows of {settings.ppl_length:,} "
-            f"tokens), on {settings.device or 'cuda if available, else cpu'}; report in {recipe.checkpoint.dir}/eval/")
+            f"(suites: {suites}; perplexity data: {data}, {counted(settings.ppl_rows, 'row')} of "
+            f"{settings.ppl_length:,} tokens), on {settings.device or 'cuda if available, else cpu'}; report in "
+            f"{recipe.checkpoint.dir}/eval/")
 
 
 def run_run(args) -> int:
@@ -84,7 +95,9 @@ def run_run(args) -> int:
 
     from t2r.eval import EvalSettings, evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
+    from t2r.eval.report import summary_lines
     from t2r.eval.suite import HELD_OUT
+    from t2r.models.model_card import add_evaluation
     from t2r.train import finetune, load_recipe
 
     recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
@@ -112,6 +125,7 @@ def run_run(args) -> int:
                        model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
                        command=" ".join(["t2r", *sys.argv[1:]]))
     report = write_report(results, out)
+    add_evaluation(final, summary_lines(results), report)  # the model card's evaluation section
     print(report.read_text(), end="")
     print(f"model saved to {final}; report written to {report}")
     return 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
 from t2r.data.check import check_files, check_rows
+from t2r.models.model_card import write_model_card
 from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
@@ -92,6 +94,12 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock:
     return _finish(recipe, accelerator, *train_stages(recipe, accelerator, found, changes, callbacks, clock))
 
 
+def card_training(recipe, step: int, tokens: int, final: dict) -> dict:
+    """What the model card says of a finetuning run (`t2r.models.model_card`)."""
+    return {"recipe": recipe.name, "stages": [s.name for s in recipe.stage_list], "steps": step, "tokens": tokens,
+            "data": recipe.data.path, "held_out_loss": final.get("validation_loss")}
+
+
 def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, history: list) -> dict:
     """After the last step: the held-out loss, the final model, final_metrics.json, the plot."""
     root, step, tokens = Path(recipe.checkpoint.dir), state["step"], state["tokens"]
@@ -104,7 +112,8 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
     accelerator.wait_for_everyone()
-    out = save_final(accelerator, model, tokenizer, root, lambda d: save_resolved(recipe, d))
+    out = save_final(accelerator, model, tokenizer, root, lambda d: (save_resolved(recipe, d), write_model_card(
+        d, " ".join(["t2r", *sys.argv[1:]]), card_training(recipe, step, tokens, final), location=root / "final")))
     if accelerator.is_main_process:
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
         measured = any("held_out_loss" in r and r["step"] == step for r in history)  # a finished run resumed
