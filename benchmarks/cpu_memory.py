@@ -2,11 +2,13 @@
 
     python benchmarks/cpu_memory.py                      # train step as the CPU recipe trains + 2K forward
     python benchmarks/cpu_memory.py --targets source,gsa --modes train --steps 2
+    python benchmarks/cpu_memory.py --targets source,gsa --modes train --checkpointing off   # without it
 
 Each model runs in its own fresh process (peak RSS, `ru_maxrss`, is per process): load the source in fp32,
 convert (or not), then (a) `--steps` AdamW training steps on the first micro-batch of `--recipe` (default
 `recipes/smollm2-gsa-cpu.yaml`: 4 packed rows of 256 tokens of `data/train.jsonl`, documents kept apart, fp32,
-all parameters, gradient checkpointing as the recipe says), and (b) in another process,
+all parameters, gradient checkpointing as the recipe says or as `--checkpointing on|off` sets it), and (b) in
+another process,
 one no-grad forward over `--forward` tokens, as `t2r eval` scores perplexity. Reported: seconds per step (the
 median after a first, warm-up step), peak RSS, and the ratio of each to the source's. Torch threads: as torch
 sets them (run on an idle machine; another busy process on the same cores distorts the times).
@@ -38,11 +40,11 @@ def child(args) -> dict:
     times = []
     if args.mode == "train":
         from t2r.train import load_recipe
-        from t2r.train.loop import packed_loader
+        from t2r.train.batches import packed_loader
 
         recipe = load_recipe(args.recipe)
         batch = next(iter(packed_loader(recipe, tokenizer)))
-        if recipe.train.gradient_checkpointing:
+        if {"recipe": recipe.train.gradient_checkpointing, "on": True, "off": False}[args.checkpointing]:
             model.gradient_checkpointing_enable()
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -74,6 +76,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--recipe", default="recipes/smollm2-gsa-cpu.yaml", help="whose first micro-batch trains")
     parser.add_argument("--forward", type=int, default=2048)
+    parser.add_argument("--checkpointing", choices=("recipe", "on", "off"), default="recipe",
+                        help="gradient checkpointing of the train steps: as the recipe says, or on / off")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -85,14 +89,15 @@ def main() -> None:
     for mode in args.modes.split(","):
         for target in args.targets.split(","):
             cmd = [sys.executable, __file__, "--child", "--target", target, "--mode", mode,
-                   "--steps", str(args.steps), "--recipe", args.recipe, "--forward", str(args.forward)]
+                   "--steps", str(args.steps), "--recipe", args.recipe, "--forward", str(args.forward),
+                   "--checkpointing", args.checkpointing]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(rows[-1], file=sys.stderr, flush=True)
     import torch
 
     print(f"\nCPU, {torch.get_num_threads()} torch threads, fp32; train: first micro-batch of {args.recipe}, AdamW, "
-          f"all parameters; forward: 1 x {args.forward} tokens, no grad\n")
+          f"all parameters, gradient checkpointing {args.checkpointing}; forward: 1 x {args.forward} tokens, no grad\n")
     print("| model | mode | s / step | x source | peak RSS GiB | x source | RSS after load GiB |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

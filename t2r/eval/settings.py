@@ -65,8 +65,9 @@ class EvalSettings:
                                       "inputs, drawn as points against the window frontier", "what")
     limit: int | None = setting(None, "a quick look: at most N perplexity rows, prompts per recall cell and lm-eval "
                                       "documents per task, and every suite shrunk to about two minutes on 2 CPU "
-                                      "cores for a 135M model (rows and passkey prompts of at most 1K tokens, two "
-                                      "window baselines, three passkey depths); the report lists the cuts", "what")
+                                      "cores for a 135M model (rows and passkey prompts of at most 512 tokens, one "
+                                      "window baseline and the memory-matched one, two MQAR cells, three passkey "
+                                      "depths); the report lists the cuts", "what")
     batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what")
     seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what")
     device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")
