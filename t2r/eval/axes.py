@@ -26,6 +26,15 @@ def tokens_text(value: float) -> str:
     return f"{value:.0f}"
 
 
+def plain(value: float) -> str:
+    """`2,000`, `26.5`, `0.004`: a tick label without exponents."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    if value >= 0.01 or value == 0:
+        return f"{value:.3g}"
+    return f"{value:.6f}".rstrip("0")
+
+
 def log_axis(axis, values, formatter=None, base: int = 10, ticks=None) -> None:
     """Log scale on `axis` (ax.xaxis or ax.yaxis) with plain tick labels (`26.5`, or `formatter(value)`), never
     `2.65x10^1` or `2^10`: `ticks` (e.g. the contexts measured) where given; else over less than a factor `base`
@@ -40,7 +49,7 @@ def log_axis(axis, values, formatter=None, base: int = 10, ticks=None) -> None:
         axis.set_major_locator(MaxNLocator(5))
     else:
         axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)) if base == 10 else LogLocator(base=base))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: formatter(v) if formatter else f"{v:.3g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: (formatter or plain)(v)))
     axis.set_minor_locator(NullLocator())
     axis.set_minor_formatter(NullFormatter())
 
