@@ -10,8 +10,9 @@ convert (or not), then (a) `--steps` AdamW training steps on the first micro-bat
 all parameters, gradient checkpointing as the recipe says or as `--checkpointing on|off` sets it), and (b) in
 another process,
 one no-grad forward over `--forward` tokens, as `t2r eval` scores perplexity. Reported: seconds per step (the
-median after a first, warm-up step), peak RSS, and the ratio of each to the source's. Torch threads: as torch
-sets them (run on an idle machine; another busy process on the same cores distorts the times).
+median after a first, warm-up step), the process's CPU seconds per step (with OMP_NUM_THREADS=1, a measure that
+another busy process on the same cores barely moves, unlike the wall time), peak RSS, and the ratio of each to
+the source's. Torch threads: as torch sets them.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ def child(args) -> dict:
     import t2r
     from t2r.sources import load_source
 
+    if args.op_recompute == "off":  # the ops keep their activations for backward instead of recomputing them
+        import t2r.ops.utils
+
+        t2r.ops.utils.saved_tensors_managed = lambda: True
     torch.manual_seed(0)
     model, tokenizer = load_source("smollm2", dtype=torch.float32)
     if args.target != "source":
         model = t2r.convert(model, args.target)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     vocab = model.config.vocab_size
-    times = []
+    times, cpu_times = [], []
     if args.mode == "train":
         from t2r.train import load_recipe
         from t2r.train.batches import packed_loader
@@ -49,23 +54,26 @@ def child(args) -> dict:
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         for _ in range(args.steps):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu)
     else:
         model.eval()
         ids = torch.randint(3, vocab, (1, args.forward), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             for _ in range(args.steps):
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 model(input_ids=ids, use_cache=False)
                 times.append(time.perf_counter() - start)
+                cpu_times.append(time.process_time() - cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     steady = times[1:] or times
     return {"target": args.target, "mode": args.mode, "s_per_step": statistics.median(steady),
+            "cpu_s_per_step": statistics.median(cpu_times[1:] or cpu_times),
             "first_s": times[0], "peak_gib": peak, "loaded_gib": rss_loaded}
 
 
@@ -78,6 +86,8 @@ def main() -> None:
     parser.add_argument("--forward", type=int, default=2048)
     parser.add_argument("--checkpointing", choices=("recipe", "on", "off"), default="recipe",
                         help="gradient checkpointing of the train steps: as the recipe says, or on / off")
+    parser.add_argument("--op-recompute", choices=("on", "off"), default="on",
+                        help="off: the chunkwise ops keep what backward needs instead of recomputing their forward")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -90,21 +100,24 @@ def main() -> None:
         for target in args.targets.split(","):
             cmd = [sys.executable, __file__, "--child", "--target", target, "--mode", mode,
                    "--steps", str(args.steps), "--recipe", args.recipe, "--forward", str(args.forward),
-                   "--checkpointing", args.checkpointing]
+                   "--checkpointing", args.checkpointing, "--op-recompute", args.op_recompute]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(rows[-1], file=sys.stderr, flush=True)
     import torch
 
     print(f"\nCPU, {torch.get_num_threads()} torch threads, fp32; train: first micro-batch of {args.recipe}, AdamW, "
-          f"all parameters, gradient checkpointing {args.checkpointing}; forward: 1 x {args.forward} tokens, no grad\n")
-    print("| model | mode | s / step | x source | peak RSS GiB | x source | RSS after load GiB |")
-    print("|---|---|---|---|---|---|---|")
+          f"all parameters, gradient checkpointing {args.checkpointing}, op recompute {args.op_recompute}; "
+          f"forward: 1 x {args.forward} tokens, no grad\n")
+    print("| model | mode | s / step | x source | CPU s / step | x source | peak RSS GiB | x source | "
+          "RSS after load GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         base = next(r for r in rows if r["mode"] == row["mode"] and r["target"] == "source") \
             if any(r["target"] == "source" and r["mode"] == row["mode"] for r in rows) else row
         print(f"| {row['target']} | {row['mode']} | {row['s_per_step']:.2f} "
-              f"| {row['s_per_step'] / base['s_per_step']:.2f} | {row['peak_gib']:.2f} "
+              f"| {row['s_per_step'] / base['s_per_step']:.2f} | {row['cpu_s_per_step']:.2f} "
+              f"| {row['cpu_s_per_step'] / base['cpu_s_per_step']:.2f} | {row['peak_gib']:.2f} "
               f"| {row['peak_gib'] / base['peak_gib']:.2f} | {row['loaded_gib']:.2f} |")
 
 

@@ -18,11 +18,12 @@ QUICK_LENGTH = 512
 QUICK_BENCH = 1024
 """Longest bench context of a quick look (tokens)."""
 COSTS = (
-    "cost for SmolLM2-135M converted (the model, its source and the window baselines): on 2 CPU cores "
-    "(fp32) the defaults take about 18 minutes (ppl ~4.5 min, mqar ~1 min, passkey ~13 min: 4K-token prompts of "
-    "9 models), --limit 8 about 2 minutes (ppl ~40 s, mqar ~25 s, passkey ~35 s, loading ~15 s); on one H100 "
-    "(bf16, --batch-size 8) ppl of 64 rows x 2K 5-10 s, mqar 7-12 s, passkey up to 8K 2-6 s and 4 lm-eval tasks "
-    "of 500 documents 30-50 s per model. A second run reads the source's and windows' scores from the cache.")
+    "cost for SmolLM2-135M converted (the model, its source and the window baselines), fp32 on 2 CPU cores: the "
+    "defaults about 18 minutes (ppl ~4.5 min, mqar ~1 min, passkey ~13 min: 4K-token prompts of 9 models); "
+    "--limit 8 about 2 minutes (ppl ~1 min, mqar ~25 s, passkey ~30 s; 232 s of one core's CPU time, measured). "
+    "On one H100 (bf16, --batch-size 8): ppl of 64 rows x 2K 5-10 s, mqar 7-12 s, passkey up to 8K 2-6 s, 4 "
+    "lm-eval tasks of 500 documents 30-50 s per model. A second run reads the source's and windows' scores from "
+    "the cache (--cache).")
 
 
 _USED_BY = {"ppl_rows": ("ppl",), "ppl_length": ("ppl",), "windows": ("ppl", "mqar", "passkey"),
