@@ -38,8 +38,12 @@ def __getattr__(name: str):
 
 
 def _in_command_line() -> bool:
-    """True in the process of the `t2r` console script (its argv[0] is the script)."""
-    return os.path.basename(sys.argv[0] if sys.argv else "").lower().removesuffix(".exe") == "t2r"
+    """True in the process of the `t2r` console script (its argv[0] is the script) or of `python -m t2r` /
+    `python -m t2r.cli` (read from the interpreter's own arguments: argv[0] is "-m" while this imports)."""
+    if os.path.basename(sys.argv[0] if sys.argv else "").lower().removesuffix(".exe") == "t2r":
+        return True
+    given = getattr(sys, "orig_argv", [])
+    return any(a == "-m" and b in ("t2r", "t2r.cli") for a, b in zip(given, given[1:]))
 
 
 if not _in_command_line():

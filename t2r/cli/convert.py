@@ -27,6 +27,8 @@ def run_convert(args) -> int:
     offline_if_unreachable(args.model)
     from t2r.convert import auto_softmax_count, calibrated_convert, conversion_report
     from t2r.data.config import DataConfig
+    from t2r.models.model_card import write_model_card
+    from t2r.outputs import follow_umask
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
@@ -49,6 +51,8 @@ def run_convert(args) -> int:
     (tmp / CONVERSION_FILE).write_text(json.dumps(
         {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
          "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
+    write_model_card(tmp, " ".join(["t2r", *sys.argv[1:]]), location=out)
+    follow_umask(tmp)  # safetensors writes model.safetensors 0600
     manifest.write(tmp)  # last: loading checks every file against it
     replace_dir(tmp, out)  # the old model stays in place until the new one is complete
     print(f"saved to {out}")
@@ -94,8 +98,9 @@ def fresh_conversion_note(directory) -> str | None:
     mixers = sorted(set(config.get("t2r_mixers") or []) - {"softmax"})
     if not mixers:
         return None
+    run = f"{path.resolve().name}-finetune"  # runs/<it>: not the main job's run directory (runs/smollm2-gsa-cpu)
     finetune = (f"t2r finetune --config {CPU_RECIPE} {shlex.quote(f'model.source={directory}')} convert.target=none "
-                "convert.options={}")
+                f"convert.options={{}} {shlex.quote(f'name={run}')}")
     reasons = [starts_as_source(mixer, (config.get("t2r_options") or {}).get(mixer, {})) for mixer in mixers]
     if all(reasons):
         state = f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: {'; '.join(reasons)}."
@@ -103,7 +108,7 @@ def fresh_conversion_note(directory) -> str | None:
         state = (f"note: this model is freshly converted ({', '.join(mixers)}) and untrained: its new layers do not "
                  "compute softmax attention yet, so its text is nonsense until it is finetuned.")
     return (f"{state} Finetune it (the recipe's model.source is the converted directory; convert.target=none "
-            f"trains it as it is) with:\n  {finetune}")
+            f"trains it as it is; the run goes to runs/{run}) with:\n  {finetune}")
 
 
 def starts_as_source(mixer: str, saved_options: dict) -> str | None:

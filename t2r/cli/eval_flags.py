@@ -14,6 +14,7 @@ import typing
 from dataclasses import MISSING, fields
 
 from t2r.cli import values
+from t2r.eval.quick import COSTS
 
 OLD_FLAGS = {"eval": {"suites": ["--suite"], "bench_contexts": ["--contexts"], "bench_batch_sizes": ["--batch-sizes"],
                       "lm_eval_max_length": ["--max-length"]}}
@@ -100,7 +101,7 @@ def add_eval_parsers(commands) -> None:
                     "plots to --out. Suites: ppl (perplexity by position, with sliding-window baselines), mqar and "
                     "passkey (synthetic recall), bench (speed and memory), and lm-eval suites (commonsense, "
                     "knowledge, aggregate, recall, local). Every setting below is also a field of a recipe's eval: "
-                    "section, by the same name.")
+                    "section, by the same name.", epilog=COSTS)
     evaluate.add_argument("--model", default="smollm2",
                           help="model to evaluate: directory, hub id, file.gguf or 'smollm2' (default: smollm2)")
     evaluate.add_argument("--out", required=True, help="directory for report.md, results.json and plots")

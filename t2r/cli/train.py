@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from t2r.cli.common import default_device
+from t2r.paths import offline_if_unreachable
+from t2r.words import counted
 
 
 def run_finetune(args) -> int:
@@ -33,24 +35,33 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
 
     print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
     train, seq_len = recipe.train, recipe.data.seq_len
-    print(f"# plan: {recipe.total_steps:,} steps of {train.tokens_per_step:,} tokens "
+    print(f"# plan: {counted(recipe.total_steps, 'step')} of {train.tokens_per_step:,} tokens "
           f"({recipe.total_steps * train.tokens_per_step:,} tokens); micro-batches of "
           f"{train.micro_batch_size} x {seq_len} tokens, accumulated "
           f"{recipe.grad_accum_steps(1)}x on 1 process"
           + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
-          + f"; checkpoints every {recipe.checkpoint.every_steps} steps in {recipe.checkpoint.dir}")
+          + f"; checkpoints every {counted(recipe.checkpoint.every_steps, 'step')} in {recipe.checkpoint.dir}")
     if recipe.stages is not None:
         from t2r.train.stages import describe
 
         print(describe(recipe))
+    from t2r.models.known_configs import known_config
     from t2r.sources import load_config
     from t2r.train.plan import count_parameters, format_plan
 
-    try:
-        config = load_config(recipe.model.source)
-    except OSError as err:  # an unreachable hub id: the rest of the dry run stands
-        print(f"# memory plan: skipped, the model config is not available ({err})")
-        return
+    config = None if measure is not None else known_config(recipe.model.source)
+    if config is not None:
+        print(f"# memory plan from t2r's built-in copy of {recipe.model.source}'s config (no hub access needed)")
+    else:
+        offline_if_unreachable(recipe.model.source)
+        try:
+            config = load_config(recipe.model.source)
+        except OSError as err:  # an unreachable hub id: the rest of the dry run stands
+            print(f"# memory plan: skipped, the model config is not available ({err}); for a plan offline, set "
+                  "model.source to a directory holding its config.json (on a connected machine: python -c \"from "
+                  f"transformers import AutoConfig; AutoConfig.from_pretrained('{recipe.model.source}')"
+                  ".save_pretrained('model-config')\")")
+            return
     counts = count_parameters(recipe, config)
     measured = None
     if measure is not None:
@@ -74,8 +85,9 @@ def eval_plan(recipe, settings) -> str:
             settings.data or "generated long documents")
     suites = ", ".join([*settings.suites, *settings.tasks]) or "none"
     return (f"# eval: then {recipe.checkpoint.dir}/final against {settings.baseline or recipe.model.source} "
-            f"(suites: {suites}; perplexity data: {data}, {settings.ppl_rows} rows of {settings.ppl_length:,} "
-            f"tokens), on {settings.device or 'cuda if available, else cpu'}; report in {recipe.checkpoint.dir}/eval/")
+            f"(suites: {suites}; perplexity data: {data}, {counted(settings.ppl_rows, 'row')} of "
+            f"{settings.ppl_length:,} tokens), on {settings.device or 'cuda if available, else cpu'}; report in "
+            f"{recipe.checkpoint.dir}/eval/")
 
 
 def run_run(args) -> int:
@@ -83,7 +95,9 @@ def run_run(args) -> int:
 
     from t2r.eval import EvalSettings, evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
+    from t2r.eval.report import summary_lines
     from t2r.eval.suite import HELD_OUT
+    from t2r.models.model_card import add_evaluation
     from t2r.train import finetune, load_recipe
 
     recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
@@ -112,6 +126,7 @@ def run_run(args) -> int:
                        model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
                        command=" ".join(["t2r", *sys.argv[1:]]))
     report = write_report(results, out)
+    add_evaluation(final, summary_lines(results), report)  # the model card's evaluation section
     print(report.read_text(), end="")
     print(f"model saved to {final}; report written to {report}")
     return 0

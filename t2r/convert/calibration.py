@@ -22,7 +22,6 @@ from t2r.convert.sensitivity import LayerRanking, rank_layers
 from t2r.data.config import DataConfig
 from t2r.data.recall_prompts import answer_rows, mqar_examples
 from t2r.data.rows import token_rows
-from t2r.data.synthetic import write_long_jsonl
 from t2r.layers.registry import get_mixer, teacher_init_refusal
 
 
@@ -32,6 +31,8 @@ def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = 4, l
     without data, generated long documents (`t2r.data.synthetic`)."""
     if data is None:
         with tempfile.TemporaryDirectory() as tmp:
+            from t2r.data.synthetic import write_long_jsonl  # here: `python -m t2r.data.synthetic` imports t2r
+
             path = write_long_jsonl(Path(tmp) / "calibration.jsonl", count=rows, seed=20_000 + seed)
             return token_rows(DataConfig(path=str(path)), tokenizer, length, rows, seed, pack=True, part="train")
     return token_rows(data, tokenizer, length, rows, seed, pack=True, part="train")

@@ -8,16 +8,14 @@ cache's bytes and the peak memory of the measured region. Works on CPU and CUDA 
 from __future__ import annotations
 
 import gc
-import itertools
-import os
 import statistics
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from t2r.eval.axes import legend, log_axis, spread, style, tokens_text
 from t2r.eval.meters import timed, unique_bytes
 from t2r.eval.static_bench import measure_static
 from t2r.layers import get_mixer
@@ -42,7 +40,10 @@ class BenchRow:
     cache_bytes: int | None = None
     """Bytes of the generation cache after prefill and decode (see `cache_bytes`)."""
     peak_memory_bytes: int | None = None
-    """CUDA: absolute peak allocated (weights included); CPU: peak RSS growth over the region (None without /proc)."""
+    """CUDA: absolute peak allocated (weights included). None on CPU: the growth of resident memory counts what
+    the allocator had not held before, not what the cell used (it fell from 517 to 83 MiB as the context grew
+    on SmolLM2, 0.4 MiB at 256 tokens), so the CPU tables leave the column out; `cache_bytes` is the memory
+    that grows with the context there."""
     weights_bytes: int | None = None
     status: str = "ok"
     """"ok" | "OOM" | "beyond max_position_embeddings" | "error: <message>"."""
@@ -66,38 +67,6 @@ def cache_bytes(cache) -> int:
 def weights_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers (tied weights counted once)."""
     return unique_bytes([*model.parameters(), *model.buffers()])
-
-
-class _PeakRSS:
-    """Peak growth of this process's resident memory while inside the `with`, sampled every `interval` s."""
-
-    STATM = "/proc/self/statm"
-
-    def __init__(self, enabled: bool = True, interval: float = 0.005):
-        self.interval, self.peak = interval, None
-        self.available = enabled and os.path.exists(self.STATM)
-        self._stop = threading.Event()
-
-    def _rss(self) -> int:
-        with open(self.STATM) as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._max = max(self._max, self._rss())
-
-    def __enter__(self):
-        if self.available:
-            self._base = self._max = self._rss()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.available:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self._max, self._rss()) - self._base
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -131,24 +100,23 @@ def _measure(model, input_ids, decode_tokens: int, warmup: int, repeats: int, ro
     prefill_s, step_s = [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with _PeakRSS(enabled=device.type == "cpu") as rss:
-        for i in range(warmup + max(repeats, 1)):
-            cache = token = None  # the last repeat's cache is not alive during this prefill
-            out, seconds = timed(lambda: model(input_ids, use_cache=True, logits_to_keep=1), device)
-            prefill_s += [seconds] if i >= warmup else []
+    for i in range(warmup + max(repeats, 1)):
+        cache = token = None  # the last repeat's cache is not alive during this prefill
+        out, seconds = timed(lambda: model(input_ids, use_cache=True, logits_to_keep=1), device)
+        prefill_s += [seconds] if i >= warmup else []
+        cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        del out
+        for _ in range(decode_tokens):
+            out, seconds = timed(lambda: model(token, past_key_values=cache, use_cache=True), device)
+            step_s += [seconds] if i >= warmup else []
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             del out
-            for _ in range(decode_tokens):
-                out, seconds = timed(lambda: model(token, past_key_values=cache, use_cache=True), device)
-                step_s += [seconds] if i >= warmup else []
-                cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-                del out
     row.prefill_tokens_per_s = batch * context / statistics.median(prefill_s)
     if step_s:
         row.decode_ms_per_token = 1e3 * statistics.median(step_s)
         row.decode_tokens_per_s = batch * 1e3 / row.decode_ms_per_token
     row.cache_bytes = cache_bytes(cache)
-    row.peak_memory_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else rss.peak
+    row.peak_memory_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
 def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 16, warmup: int = 1,
@@ -195,34 +163,46 @@ def bench_model(model, label: str, contexts, batch_sizes, decode_tokens: int = 1
     return rows
 
 
-def _cell(row: BenchRow | None) -> list[str]:
+def _cell(row: BenchRow | None, peak: bool) -> list[str]:
+    width = 4 + peak
     if row is None:
-        return [""] * 5
+        return [""] * width
     if row.status != "ok":
-        return [row.status] + ["-"] * 4
+        return [row.status] + ["-"] * (width - 1)
 
     def fmt(value, spec):
         return "n/a" if value is None else format(value, spec)
     mib = [None if b is None else b / MiB for b in (row.cache_bytes, row.peak_memory_bytes)]
     return [fmt(row.prefill_tokens_per_s, ",.0f"), fmt(row.decode_ms_per_token, ".2f"),
-            fmt(row.decode_tokens_per_s, ",.0f"), fmt(mib[0], ",.2f"), fmt(mib[1], ",.1f")]
+            fmt(row.decode_tokens_per_s, ",.0f"), fmt(mib[0], ",.2f")] + ([fmt(mib[1], ",.1f")] if peak else [])
+
+
+CACHE_NOTE = ("cache MiB: the generation cache's tensors after prefill and decode, each storage once (a converted "
+              "model's recurrent state, a source's K/V)")
+CPU_NOTE = ("no peak MiB on CPU: resident-memory growth counts what the allocator had not held before, not what "
+            "a cell used; the cache column is the memory that grows with the context")
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    """Markdown table, one line per (context, batch), each model's five columns side by side."""
+    """Markdown table, one line per (context, batch), each model's columns side by side; `peak MiB` only where
+    measured (CUDA), and a note under the table saying what the memory columns hold."""
     labels, cells = list(dict.fromkeys(r.model for r in rows)), {(r.model, r.context, r.batch): r for r in rows}
-    metrics = ("prefill tok/s", "decode ms/token", "decode tok/s", "cache MiB", "peak MiB")
+    peak = any(r.peak_memory_bytes is not None for r in rows)
+    metrics = ("prefill tok/s", "decode ms/token", "decode tok/s", "cache MiB") + (("peak MiB",) if peak else ())
     header = ["context", "batch"] + [f"{label} {m}" for label in labels for m in metrics]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for context, batch in sorted({(r.context, r.batch) for r in rows}):
-        values = [str(context), str(batch)] + [v for label in labels for v in _cell(cells.get((label, context, batch)))]
+        values = [str(context), str(batch)] + [v for label in labels
+                                                for v in _cell(cells.get((label, context, batch)), peak)]
         lines.append("| " + " | ".join(values) + " |")
-    return "\n".join(lines)
+    notes = CACHE_NOTE + ("; peak MiB: CUDA's peak allocated, weights included" if peak else "; " + CPU_NOTE)
+    return "\n".join(lines) + f"\n\n{notes}."
 
 
 def plot(rows: list[BenchRow], out_dir) -> list[Path]:
-    """Write memory_vs_context.png (cache and peak MiB) and decode_vs_context.png (decode tokens/s) to
-    `out_dir`, one line per model (color) and batch size (line style), log-log axes; returns the two paths."""
+    """Write memory_vs_context.png (cache MiB, and peak MiB where measured: CUDA) and decode_vs_context.png
+    (decode tokens/s) to `out_dir`, one series per model and batch size (each its own colour, marker and dashes,
+    nudged apart on the log axes so equal series stay visible), log-log axes with plain labels; returns the paths."""
     try:
         from matplotlib.figure import Figure
     except ImportError as error:
@@ -230,24 +210,29 @@ def plot(rows: list[BenchRow], out_dir) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if r.status == "ok"]
-    models, batches = list(dict.fromkeys(r.model for r in ok)), sorted({r.batch for r in ok})
+    series = list(dict.fromkeys((r.model, r.batch) for r in ok))
+    many_batches = len({b for _, b in series}) > 1
 
     def draw(ax, attr, scale, ylabel):
-        for (m, model), (b, batch) in itertools.product(enumerate(models), enumerate(batches)):
+        contexts, values = sorted({r.context for r in ok}), []
+        for i, (model, batch) in enumerate(series):
             points = sorted((r.context, getattr(r, attr) / scale) for r in ok
-                            if r.model == model and r.batch == batch and getattr(r, attr) is not None)
+                            if (r.model, r.batch) == (model, batch) and getattr(r, attr) is not None)
             if points:
-                ax.plot(*zip(*points), marker="o", color=f"C{m % 10}", linestyle=("-", "--", ":", "-.")[b % 4],
-                        label=f"{model} (batch {batch})" if len(batches) > 1 else model)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+                xs, ys = zip(*points)
+                values += ys
+                ax.plot(spread(xs, i, len(series)), spread(ys, i, len(series), width=0.03), **style(i),
+                        label=f"{model} (batch {batch})" if many_batches else model)
+        log_axis(ax.xaxis, contexts, tokens_text, ticks=contexts)
+        log_axis(ax.yaxis, values)
         ax.set(xlabel="context (tokens)", ylabel=ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.grid(True, which="major", alpha=0.3)
+        legend(ax, fontsize="small")
 
+    peak = [("peak_memory_bytes", MiB, "peak MiB (CUDA, weights included)")] if any(
+        r.peak_memory_bytes is not None for r in ok) else []
     paths = []
-    for name, panels in (("memory_vs_context.png", [("cache_bytes", MiB, "cache MiB"),
-                                                     ("peak_memory_bytes", MiB, "peak MiB")]),
+    for name, panels in (("memory_vs_context.png", [("cache_bytes", MiB, "generation cache MiB"), *peak]),
                          ("decode_vs_context.png", [("decode_tokens_per_s", 1, "decode tokens/s")])):
         fig = Figure(figsize=(6 * len(panels), 4), layout="constrained")
         for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
@@ -255,4 +240,3 @@ def plot(rows: list[BenchRow], out_dir) -> list[Path]:
         fig.savefig(out_dir / name, dpi=120)
         paths.append(out_dir / name)
     return paths
-

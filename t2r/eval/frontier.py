@@ -189,7 +189,10 @@ def plot(results: dict, out_dir: Path) -> Path | None:
                     color="C3" if model else STUDENT_COLOURS[i % len(STUDENT_COLOURS)], linestyle="none",
                     zorder=4 if model else 3, label=p["name"])
         log_axis(ax.xaxis, [p["memory"] for p in f["curve"] + f["points"]], format_bytes, base=2)
-        ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+        if f["higher_is_better"]:
+            ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+        else:  # perplexities span orders of magnitude between a fresh model and the windows: log, plain labels
+            log_axis(ax.yaxis, [p["value"] for p in f["curve"] + f["points"]])
         ax.tick_params(axis="x", labelsize=7, labelrotation=30)
         ax.set(title=f"{f['measure']} ({_tokens(f['context'])} tokens)", xlabel="generation memory per sequence",
                ylabel="perplexity (lower is better)" if not f["higher_is_better"] else "accuracy (higher is better)")

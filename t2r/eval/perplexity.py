@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from t2r.data.rows import token_rows  # noqa: F401  (the rows `evaluate` scores: perplexity.token_rows)
 
 from .contenders import Contender
+from .progress import Step
 from .result_cache import NO_CACHE, ResultCache, digest
 
 BUCKET_EDGES = (0, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -81,7 +82,8 @@ def position_perplexity(contenders: list[Contender], ids: torch.Tensor, batch_si
     inputs = {"ids": digest(ids), "batch_size": batch_size}
     results = []
     for c in contenders:
-        stored = cache.score(c, "ppl", inputs, lambda c=c: pool_by_position(c.name, token_nll(c, ids, batch_size,
-                                                                                            progress)).to_dict())
+        with Step(f"ppl {c.name}"):
+            stored = cache.score(c, "ppl", inputs, lambda c=c: pool_by_position(c.name, token_nll(c, ids, batch_size,
+                                                                                                progress)).to_dict())
         results.append(PositionPerplexity(**{**stored, "name": c.name}))
     return results

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from t2r.data.recall_prompts import FILLER, MQAR_PREFIX, RecallExample, mqar_examples, passkey_examples, word_tokens
 
 from .contenders import Contender
+from .progress import Step
 from .result_cache import NO_CACHE, ResultCache, digest
 
 __all__ = ["FILLER", "MQAR_PREFIX", "RecallExample", "mqar_examples", "passkey_examples", "word_tokens",
@@ -57,8 +58,9 @@ def mqar(contenders: list[Contender], tokenizer, pairs: list[int], count: int, s
     for n in pairs:
         examples = mqar_examples(tokenizer, n, count, seed)
         result["tokens"].append(len(examples[0].ids))
-        for c in contenders:
-            result["accuracy"][c.name].append(scored_accuracy(c, examples, batch_size, f"mqar {n}", cache))
+        with Step(f"mqar {n} pairs ({len(examples[0].ids)} tokens)"):
+            for c in contenders:
+                result["accuracy"][c.name].append(scored_accuracy(c, examples, batch_size, f"mqar {n}", cache))
     return result
 
 
@@ -71,8 +73,9 @@ def passkey(contenders: list[Contender], tokenizer, lengths: list[int], depths: 
         rows = {c.name: [] for c in contenders}
         for depth in depths:
             examples = passkey_examples(tokenizer, length, depth, count, seed)
-            for c in contenders:
-                rows[c.name].append(scored_accuracy(c, examples, batch_size, f"passkey {length}@{depth:g}", cache))
+            with Step(f"passkey {length} tokens, depth {depth:g}"):
+                for c in contenders:
+                    rows[c.name].append(scored_accuracy(c, examples, batch_size, f"passkey {length}@{depth:g}", cache))
         for name, row in rows.items():
             result["accuracy"][name].append(row)
     return result

@@ -10,8 +10,10 @@ import json
 import math
 from pathlib import Path
 
+from t2r.words import counted
+
 from . import frontier
-from .axes import log_axis, spread
+from .axes import log_axis, nudge, spread
 from .bench import BenchRow, format_table
 from .bench import plot as plot_bench
 
@@ -137,6 +139,9 @@ def markdown(results: dict) -> str:
                  f"torch {env['torch']}, transformers {env['transformers']}, t2r {env['t2r']}"
                  + (f", lm-eval {env['lm_eval']}" if env.get("lm_eval") else ""))
     parts.append(f"- command: `{results['command']}`")
+    if results.get("quick"):
+        parts.append(f"- **quick look** (limit {results['settings']['limit']}), cut to: "
+                     + "; ".join(results["quick"]) + ". Without --limit every suite runs in full.")
     if results.get("cache"):
         c = results["cache"]
         parts.append(f"- baseline scores: {c['read']} read from `{c['dir']}` (same weights, inputs and settings), "
@@ -163,12 +168,13 @@ def markdown(results: dict) -> str:
                   "frontier.png draws them.", "", frontier.table(results), ""]
     if "mqar" in results:
         parts += ["## Multi-query associative recall", "",
-                  f"Accuracy (exact match of the value, {results['mqar']['count']} prompts per row).", "",
+                  f"Accuracy (exact match of the value, {counted(results['mqar']['count'], 'prompt')} per row).", "",
                   mqar_table(results["mqar"]), ""]
     if "passkey" in results:
         parts += ["## Passkey retrieval", "",
                   f"Accuracy over needle depths {results['passkey']['depths']} "
-                  f"({results['passkey']['count']} prompts per cell).", "", passkey_table(results["passkey"]), ""]
+                  f"({counted(results['passkey']['count'], 'prompt')} per cell).", "",
+                  passkey_table(results["passkey"]), ""]
     if results.get("tasks"):
         parts += ["## lm-eval tasks", "", tasks_table(results["tasks"], names["model"], names.get("baseline")), ""]
     if results.get("bench"):
@@ -224,9 +230,10 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
             mids = [math.sqrt(max(b["start"], 1) * b["end"]) for b in row["buckets"]]
             ax.plot(spread(mids, i, len(rows)), [b["ppl"] for b in row["buckets"]], label=row["name"],
                     **series_style(roles.get(row["name"], row.get("role", "model")), i, len(rows)))
-        log_axis(ax.xaxis, [b["end"] for b in rows[0]["buckets"]], lambda v: f"{v:.0f}")
+        spans = {math.sqrt(max(b["start"], 1) * b["end"]): _span(b["start"], b["end"]) for b in rows[0]["buckets"]}
+        log_axis(ax.xaxis, list(spans), lambda v: spans[min(spans, key=lambda m: abs(m - v))], ticks=list(spans))
         log_axis(ax.yaxis, [b["ppl"] for row in rows for b in row["buckets"]])
-        ax.set(xlabel="position (tokens)", ylabel="perplexity", title="Perplexity by position")
+        ax.set(xlabel="position bucket (tokens)", ylabel="perplexity", title="Perplexity by position")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize="small")
         paths.append(out_dir / "perplexity_by_position.png")
@@ -236,10 +243,11 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         ax = fig.subplots()
         rows = drawing_order([{"name": n, "acc": a} for n, a in results["mqar"]["accuracy"].items()], roles)
         for i, row in enumerate(rows):
-            ax.plot(spread(results["mqar"]["pairs"], i, len(rows)), row["acc"], label=row["name"],
+            ax.plot(spread(results["mqar"]["pairs"], i, len(rows)), nudge(row["acc"], i, len(rows)), label=row["name"],
                     **series_style(roles.get(row["name"], "model"), i, len(rows)))
-        log_axis(ax.xaxis, results["mqar"]["pairs"], lambda v: f"{v:.0f}")
-        ax.set(xlabel="key-value pairs", ylabel="accuracy", ylim=(-0.02, 1.02), title="MQAR")
+        log_axis(ax.xaxis, results["mqar"]["pairs"], lambda v: f"{v:.0f}", ticks=results["mqar"]["pairs"])
+        ax.set(xlabel="key-value pairs", ylabel="accuracy (series nudged apart by <= 0.04)", ylim=(-0.06, 1.06),
+               title="MQAR")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
         paths.append(out_dir / "mqar.png")

@@ -63,8 +63,11 @@ class EvalSettings:
     tasks: list[str] = setting([], "lm-eval task names or local multiple-choice .jsonl files / directories", "what")
     students: list[str] = setting([], "other models (e.g. earlier students) scored on the same perplexity and recall "
                                       "inputs, drawn as points against the window frontier", "what")
-    limit: int | None = setting(None, "cap on perplexity rows, prompts per recall cell and lm-eval documents per "
-                                      "task (quick looks)", "what")
+    limit: int | None = setting(None, "a quick look: at most N perplexity rows, prompts per recall cell and lm-eval "
+                                      "documents per task, and every suite shrunk to about two minutes on 2 CPU "
+                                      "cores for a 135M model (rows and passkey prompts of at most 512 tokens, one "
+                                      "window baseline and the memory-matched one, two MQAR cells, three passkey "
+                                      "depths); the report lists the cuts", "what")
     batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what")
     seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what")
     device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")
@@ -97,6 +100,8 @@ class EvalSettings:
     passkey_prompts: int = setting(2, "passkey: prompts per (length, depth) cell", "recall")
 
     lm_eval_max_length: int = setting(2048, "lm-eval max_length (the same for both models)", "lm-eval")
+    lm_eval_limit: int | None = setting(None, "lm-eval documents per task (per subtask of a group)", "lm-eval",
+                                        default_text="all")
 
     bench_contexts: list[int] = setting([512, 1024, 2048], "context lengths, e.g. 1K,2K,8K", "bench")
     bench_batch_sizes: list[int] = setting([1], "batch sizes, e.g. 1,16,64", "bench")
@@ -114,9 +119,9 @@ class EvalSettings:
         """The lm-eval tasks asked for (`t2r.eval.harness.TaskSpec`s), validated against lm-eval's index."""
         from t2r.eval import harness
 
-        suites = [s for s in self.suites if s not in BUILTIN_SUITES]
-        if not suites and not self.tasks:
+        if not self.harness_asked():
             return []
+        suites = [s for s in self.suites if s not in BUILTIN_SUITES]
         return harness.resolve_tasks(",".join(suites) or None, list(self.tasks))
 
     def check(self) -> None:
@@ -125,8 +130,9 @@ class EvalSettings:
                      "bench_decode_tokens", "bench_repeats", "lm_eval_max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        for name in ("limit", "lm_eval_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.sinks < 0:
             raise ValueError(f"sinks must be >= 0, got {self.sinks}")
         for name in ("windows", "mqar_pairs", "passkey_lengths", "bench_contexts", "bench_batch_sizes"):
@@ -143,5 +149,6 @@ class EvalSettings:
             if is_local(self.data):
                 local_files(self.data)  # raises naming the missing file or unsupported suffix
 
-    def capped(self, count: int) -> int:
-        return min(count, self.limit) if self.limit else count
+    def harness_asked(self) -> bool:
+        """Whether any lm-eval suite or task is asked for (without resolving them)."""
+        return bool(self.tasks) or any(s not in BUILTIN_SUITES for s in self.suites)

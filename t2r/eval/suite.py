@@ -17,9 +17,11 @@ import torch
 
 from t2r.data import DataConfig
 from t2r.version import version
+from t2r.words import counted
 
-from . import bench, frontier, harness, perplexity, recall, report, result_cache
+from . import bench, frontier, harness, perplexity, quick, recall, report, result_cache
 from .contenders import Contender, memory_matched_window
+from .progress import note
 from .result_cache import NO_CACHE, ResultCache
 from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
 
@@ -166,7 +168,9 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
 
     Perplexity and recall come first, lm-eval tasks and the bench after; report.md and results.json are
     rewritten in `out_dir` after each, so a run cut short keeps what it measured. With `settings.cache`, the
-    baseline's scores (and its windows') are read from / stored in `cache_root` (default `$T2R_CACHE/eval`)."""
+    baseline's scores (and its windows') are read from / stored in `cache_root` (default `$T2R_CACHE/eval`).
+    With `settings.limit`, every suite is shrunk first (`t2r.eval.quick`); `results["quick"]` lists the cuts."""
+    settings, cuts = quick.shrink(settings)
     specs = settings.harness_specs()
     if baseline is not None and baseline_tokenizer is not None:
         check_tokenizers(tokenizer, baseline_tokenizer, model_spec, baseline_spec)
@@ -177,7 +181,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
         "names": {"model": model_name, "baseline": baseline_name},
         "models": {"model": describe(model_spec, model),
                    **({"baseline": describe(baseline_spec, baseline)} if baseline is not None else {})},
-        "seconds": {},
+        "seconds": {}, **({"quick": cuts} if cuts else {}),
     }
     cache = ResultCache(cache_root or result_cache.default_root()) if settings.cache else NO_CACHE
     fingerprint = None
@@ -192,8 +196,17 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
     pending = [s for s in ("ppl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
         ["bench"] if "bench" in settings.suites else [])
 
+    if cuts:
+        note(f"quick look (limit {settings.limit}): " + "; ".join(cuts))
+    pair = [n for n in (model_name, baseline_name) if n is not None]
+
+    def starting(name: str, what: str, names: list[str]) -> float:
+        note(f"{name}: {what}; {counted(len(names), 'model')} ({', '.join(names)})")
+        return time.perf_counter()
+
     def measured(name: str, start: float) -> None:
         results["seconds"][name] = time.perf_counter() - start
+        note(f"{name}: done in {results['seconds'][name]:.0f} s")
         pending.remove(name)
         results["unfinished"] = list(pending)
         if cache.enabled:
@@ -203,9 +216,10 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
             report.write(results, out_dir, with_plots=False)
 
     if "ppl" in settings.suites:
-        start = time.perf_counter()
+        start = starting("ppl", f"{counted(settings.ppl_rows, 'row')} of {settings.ppl_length} tokens",
+                         [c.name for c in found])
         data = data or long_text_data(settings, out_dir)
-        ids = perplexity.token_rows(data, tokenizer, settings.ppl_length, settings.capped(settings.ppl_rows),
+        ids = perplexity.token_rows(data, tokenizer, settings.ppl_length, settings.ppl_rows,
                                     settings.seed if data_seed is None else data_seed, settings.pack)
         rows = perplexity.position_perplexity(found, ids, settings.batch_size, cache=cache)
         results["perplexity"] = {
@@ -214,18 +228,23 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                         for r, c in zip(rows, found)]}
         measured("ppl", start)
     if "mqar" in settings.suites:
-        start = time.perf_counter()
-        results["mqar"] = recall.mqar(found, tokenizer, settings.mqar_pairs, settings.capped(settings.mqar_prompts),
+        pairs = ",".join(map(str, settings.mqar_pairs))
+        start = starting("mqar", f"{counted(settings.mqar_prompts, 'prompt')} of {pairs} pairs",
+                         [c.name for c in found])
+        results["mqar"] = recall.mqar(found, tokenizer, settings.mqar_pairs, settings.mqar_prompts,
                                       settings.seed, settings.batch_size, cache=cache)
         measured("mqar", start)
     if "passkey" in settings.suites:
-        start = time.perf_counter()
+        start = starting("passkey", f"{counted(settings.passkey_prompts, 'prompt')} at lengths "
+                         f"{','.join(map(str, settings.passkey_lengths))} x depths "
+                         f"{','.join(f'{d:g}' for d in settings.passkey_depths)}", [c.name for c in found])
         results["passkey"] = recall.passkey(found, tokenizer, settings.passkey_lengths, settings.passkey_depths,
-                                            settings.capped(settings.passkey_prompts), settings.seed,
+                                            settings.passkey_prompts, settings.seed,
                                             settings.batch_size, cache=cache)
         measured("passkey", start)
     if specs:
-        start = time.perf_counter()
+        documents = f"{settings.lm_eval_limit} documents each" if settings.lm_eval_limit else "every document"
+        start = starting("lm-eval", f"{counted(len(specs), 'task')}, {documents}", pair)
         results["tasks"] = {}
         for name, m, tok, fp in ((model_name, model, tokenizer, None),
                                  (baseline_name, baseline, baseline_tokenizer or tokenizer, fingerprint)):
@@ -235,7 +254,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                 results["environment"]["lm_eval"] = out["lm_eval_version"]
         measured("lm-eval", start)
     if "bench" in settings.suites:
-        start = time.perf_counter()
+        start = starting("bench", f"contexts {','.join(map(str, settings.bench_contexts))}", pair)
         rows = []
         for name, m in ((model_name, model), (baseline_name, baseline)):
             if m is not None:  # timed afresh for both: speed is only comparable within one run
@@ -253,14 +272,15 @@ def lm_eval_scores(model, tokenizer, specs, settings: EvalSettings, cache: Resul
     """`harness.run_harness` for one model; read from `cache` when `fingerprint` is given and the tasks (local
     files by content), limit, batch size, max length, seed and lm-eval version are those stored."""
     def run():
-        return harness.run_harness(model, tokenizer, specs, limit=settings.limit, batch_size=settings.batch_size,
-                                   max_length=settings.lm_eval_max_length, seed=settings.seed)
+        return harness.run_harness(model, tokenizer, specs, limit=settings.lm_eval_limit,
+                                   batch_size=settings.batch_size, max_length=settings.lm_eval_max_length,
+                                   seed=settings.seed)
 
     if not cache.enabled or fingerprint is None:
         return run()
     from importlib.metadata import version as installed
 
-    inputs = {"tasks": cache.with_file_digests([asdict(s) for s in specs]), "limit": settings.limit,
+    inputs = {"tasks": cache.with_file_digests([asdict(s) for s in specs]), "limit": settings.lm_eval_limit,
               "batch_size": settings.batch_size, "max_length": settings.lm_eval_max_length, "seed": settings.seed,
               "lm_eval": installed("lm_eval")}
     parameter = next(model.parameters())

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from t2r.eval.axes import legend, log_axis, spread, style, tokens_text
 from t2r.eval.bench import MiB, failure_status, random_ids
 from t2r.optim import build_optimizer
 
@@ -131,23 +132,28 @@ def format_train_table(rows: list[TrainRow], reference: str | None = None) -> st
 
 
 def plot_training(rows: list[TrainRow], out_dir) -> list[Path]:
-    """Write train_vs_context.png (training tokens/s and peak MiB against context, one line per model);
-    returns its path in a list, as `bench.plot` does."""
+    """Write train_vs_context.png (training tokens/s, and peak MiB where measured: CUDA, against context; one
+    series per model, each its own colour, marker and dashes); returns its path in a list, as `bench.plot` does."""
     from matplotlib.figure import Figure
 
     ok = [r for r in rows if r.status == "ok"]
-    fig = Figure(figsize=(12, 4), layout="constrained")
-    for ax, (attr, scale, ylabel) in zip(fig.subplots(1, 2), (("tokens_per_s", 1, "training tokens/s"),
-                                                             ("peak_memory_bytes", MiB, "peak MiB"))):
-        for m, model in enumerate(dict.fromkeys(r.model for r in ok)):
+    panels = [("tokens_per_s", 1, "training tokens/s")] + (
+        [("peak_memory_bytes", MiB, "peak MiB (CUDA)")] if any(r.peak_memory_bytes is not None for r in ok) else [])
+    models = list(dict.fromkeys(r.model for r in ok))
+    contexts = sorted({r.context for r in ok})
+    fig = Figure(figsize=(6 * len(panels), 4), layout="constrained")
+    for ax, (attr, scale, ylabel) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for m, model in enumerate(models):
             points = sorted((r.context, getattr(r, attr) / scale) for r in ok
                             if r.model == model and getattr(r, attr) is not None)
             if points:
-                ax.plot(*zip(*points), marker="o", color=f"C{m % 10}", label=model)
-        ax.set_xscale("log", base=2)
+                xs, ys = zip(*points)
+                ax.plot(spread(xs, m, len(models)), ys, **style(m), label=model)
+        if contexts:
+            log_axis(ax.xaxis, contexts, tokens_text, ticks=contexts)
         ax.set(xlabel="context (tokens)", ylabel=ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.grid(True, which="major", alpha=0.3)
+        legend(ax, fontsize="small")
     path = Path(out_dir) / "train_vs_context.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from t2r.words import token_unit
+
 
 def flat(recipe) -> dict:
     """The recipe as one level of `section.field` keys with scalar values (tracker hyperparameters)."""
@@ -116,21 +118,29 @@ MATPLOTLIB_MISSING = ("logging.plot: matplotlib is not installed, so {path} was 
 
 
 def plot(history: list[dict], path: Path, title: str) -> str | None:
-    """Draw the training loss against tokens into `path`; None, or why it was not drawn (matplotlib missing)."""
+    """Draw the training loss against tokens into `path` (tokens in K, M or B as their count asks, ticks as plain
+    numbers), and the held-out loss measured after the last step as a point; None, or why it was not drawn
+    (matplotlib missing)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401 (first: a missing package is said, not raised)
+        from matplotlib.figure import Figure
     except ImportError:
         return MATPLOTLIB_MISSING.format(path=path)
     rows = [r for r in history if r.get("loss") is not None]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["tokens"] / 1e6 for r in rows], [r["loss"] for r in rows])
-    ax.set(xlabel="tokens (M)", ylabel="training loss", title=title)
+    divisor, unit = token_unit(max(r["tokens"] for r in rows))
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.subplots()
+    ax.plot([r["tokens"] / divisor for r in rows], [r["loss"] for r in rows], marker="o" if len(rows) <= 50 else None,
+            markersize=3, label="training loss")
+    held = [r for r in history if r.get("held_out_loss") is not None]
+    if held:
+        ax.plot([held[-1]["tokens"] / divisor], [held[-1]["held_out_loss"]], marker="*", markersize=12,
+                linestyle="none", color="black", label=f"held-out loss {held[-1]['held_out_loss']:.2f}")
+    ax.ticklabel_format(axis="both", style="plain", useOffset=False)
+    ax.set(xlabel=f"tokens{f' ({unit})' if unit else ''}", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -18,6 +19,7 @@ import torch
 
 from t2r.data.check import check_files, check_rows
 from t2r.data.fingerprint import fingerprint
+from t2r.models.model_card import write_model_card
 from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
@@ -111,6 +113,12 @@ def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock:
                                                       record={"data_files": data_files}), write_recipe)
 
 
+def card_training(recipe, step: int, tokens: int, final: dict) -> dict:
+    """What the model card says of a finetuning run (`t2r.models.model_card`)."""
+    return {"recipe": recipe.name, "stages": [s.name for s in recipe.stage_list], "steps": step, "tokens": tokens,
+            "data": recipe.data.path, "held_out_loss": final.get("validation_loss")}
+
+
 def _provenance(directory: Path, state: dict, write_recipe) -> None:
     write_recipe(directory)
     trained = {key: state.get(key) for key in ("step", "tokens", "skipped_steps", "recipe_changes", "data_files")}
@@ -136,12 +144,19 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
             raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
                                 f"again (--overwrite); the checkpoints in {root} hold the weights as trained")
     accelerator.wait_for_everyone()
-    out = save_final(accelerator, model, tokenizer, root, lambda d: _provenance(d, state, write_recipe))
+    out = save_final(accelerator, model, tokenizer, root, lambda d: (
+        _provenance(d, state, write_recipe),
+        write_model_card(d, " ".join(["t2r", *sys.argv[1:]]), card_training(recipe, step, tokens, final),
+                         location=root / "final")))
     if accelerator.is_main_process:
         (root / "final_metrics.json").write_text(json.dumps(final, indent=2))
         measured = any("held_out_loss" in r and r["step"] == step for r in history)  # a finished run resumed
+        if "validation_loss" in final:
+            accelerator.print(f"held-out loss {final['validation_loss']:.3f} (perplexity {final['validation_ppl']:.2f})"
+                              f" after step {step}, on data.held_out={recipe.data.held_out} documents")
         if "validation_loss" in final and not measured:
-            logs.append_jsonl(root / "metrics.jsonl", logs.held_out_row(step, tokens, final["validation_loss"]))
+            history = [*history, logs.held_out_row(step, tokens, final["validation_loss"])]
+            logs.append_jsonl(root / "metrics.jsonl", history[-1])
         if recipe.checkpoint.keep_last == 0:
             removed = checkpoint.remove_after_final(root, out)
             if removed:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from t2r.words import counted
+
 GiB = 2**30
 
 
@@ -124,7 +126,7 @@ def format_plan(recipe, counts: Counts, tokens_per_second: float | None = None) 
         for world in (1, 8, 64):
             hours = total_tokens / (tokens_per_second * world) / 3600
             wall = f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:.1f} min"
-            lines.append(f"#   {world} GPUs: {wall} wall, {hours * world:,.1f} GPU-hours")
+            lines.append(f"#   {counted(world, 'GPU')}: {wall} wall, {hours * world:,.1f} GPU-hours")
     else:
         lines.append("# time: pass --tokens-per-second (per GPU, e.g. from benchmarks/bench_train.py) to project it")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from t2r.optim import build_optimizer
+from t2r.words import counted
 
 from . import checkpoint, logs
 from .batches import micro_batches, packed_loader
@@ -40,11 +41,12 @@ def describe(recipe) -> str:
     """The stage plan, one line a stage (`--dry-run`)."""
     tps = recipe.train.tokens_per_step
     stages = recipe.stage_list
-    lines = [f"# stages: {len(stages)}, {recipe.total_steps:,} steps, "
+    lines = [f"# stages: {len(stages)}, {counted(recipe.total_steps, 'step')}, "
              f"{recipe.total_steps * tps:,} tokens in all (steps of {tps:,} tokens)"]
     for i, s in enumerate(stages, 1):
         loss = " + ".join(f"{w:g} {name}" for name, w in s.loss.items() if w)
-        lines.append(f"#   {i}. {s.name}: {s.num_steps(tps):,} steps ({s.num_steps(tps) * tps:,} tokens), lr {s.lr:g} "
+        steps = s.num_steps(tps)
+        lines.append(f"#   {i}. {s.name}: {counted(steps, 'step')} ({steps * tps:,} tokens), lr {s.lr:g} "
                      f"({s.schedule}, warmup {s.warmup_steps}, min ratio {s.min_lr_ratio:g}), loss {loss}"
                      + (f" (T={s.temperature:g})" if s.loss.get("kl") else "")
                      + f", trainable {s.trainable}, {s.micro_batch_size} x {s.seq_len} tokens a micro-batch")
@@ -173,12 +175,12 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     unwrapped = accelerator.unwrap_model(model)
     targets = AttentionTargets(unwrapped, teacher) if stage.loss.get("attention_mse") else None
     n_train, n_total = sum(p.numel() for p in params), trainable_parameters(unwrapped)[1]
-    accelerator.print(f"stage {i + 1}/{len(recipe.stage_list)} {stage.name}: {steps} steps from step "
+    accelerator.print(f"stage {i + 1}/{len(recipe.stage_list)} {stage.name}: {counted(steps, 'step')} from step "
                       f"{state['step'] - first}, lr {stage.lr:g} ({stage.schedule}, warmup {stage.warmup_steps}), loss "
                       + " + ".join(f"{w:g} {n}" for n, w in stage.loss.items() if w)
                       + f"; training {n_train:,} of {n_total:,} parameters ({stage.trainable}); "
-                      f"{accelerator.gradient_accumulation_steps} micro-batches of {stage.micro_batch_size} x "
-                      f"{stage.seq_len} tokens x {world} processes per step")
+                      f"{counted(accelerator.gradient_accumulation_steps, 'micro-batch')} of {stage.micro_batch_size} "
+                      f"x {stage.seq_len} tokens x {counted(world, 'process')} per step")
     lr_at = partial(lr_factor, warmup_steps=stage.warmup_steps, total_steps=steps, schedule=stage.schedule,
                     min_lr_ratio=stage.min_lr_ratio)
     # attention MSE alone never runs the wrapped model's forward, so data-parallel gradients are averaged by hand

@@ -69,6 +69,12 @@ def test_help_and_version_import_nothing_heavy(tmp_path):
               "import t2r; print(callable(t2r.convert), list(t2r.MIXERS))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.stdout.splitlines() == ["[]", "True ['gsa', 'gla', 'retnet', 'fox', 'gdn']"], done.stderr
+    for module in ("t2r", "t2r.cli"):  # python -m t2r is as light as the script
+        script = ("import runpy, sys; sys.orig_argv = [sys.executable, '-m', %r, 'eval', '--help']; "
+                  "sys.argv = ['-m', 'eval', '--help']\ntry:\n    runpy.run_module(%r, run_name='__main__')\n"
+                  "except SystemExit:\n    pass\nprint('torch' in sys.modules)") % (module, module)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.stdout.splitlines()[-1] == "False" and "cost for SmolLM2-135M" in done.stdout, done.stderr
     done, _ = t2r_command(["--version"], tmp_path)
     from importlib.metadata import version
 

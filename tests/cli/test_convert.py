@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from t2r.cli import main
+from t2r.outputs import umask
 from tests.helpers.models import save_tiny_source
 
 
@@ -24,7 +25,7 @@ def test_convert_never_overwrites_its_source_or_writes_into_a_file(tmp_path, cap
     assert "is a file; give a directory" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out")]) == 0
     assert main([*args, str(tmp_path / "out")]) == 2
-    assert "is not empty (config.json, generation_config.json, manifest.json, model.safetensors, ...); " \
+    assert "is not empty (README.md, config.json, generation_config.json, manifest.json, ...); " \
         "pass --overwrite" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "out"), "--overwrite"]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.t2r_mixers == ["gla"] * 3
@@ -66,14 +67,20 @@ def test_a_fresh_conversion_says_so_with_the_command_that_finetunes_it(tmp_path,
     assert "its text is nonsense until it is finetuned" in printed
     command = printed.splitlines()[-1].strip()
     assert command == (f"t2r finetune --config recipes/smollm2-gsa-cpu.yaml model.source={out} convert.target=none "
-                       "convert.options={}")
+                       "convert.options={} name=gla-finetune")  # its own run directory, not the main job's
     assert json.loads((out / "t2r_conversion.json").read_text())["trained"] is False
+    card = (out / "README.md").read_text()  # the model card, and every file with the umask's mode
+    assert "base_model" not in card and "| layers | t2r_llama, 3 layers: 3 gla |" in card
+    assert "freshly converted" in card
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}["model.safetensors"] == \
+        0o666 & ~umask()
     assert main(["generate", "--model", str(out), "--prompt", "Ada", "--max-new-tokens", "2", "--device", "cpu"]) == 0
     assert capsys.readouterr().err.count("freshly converted (gla) and untrained") == 1
 
     overrides = shlex.split(command)[4:]
     cpu = load_recipe("recipes/smollm2-gsa-cpu.yaml", overrides, check_files=False)  # the shipped recipe takes them
     assert (cpu.model.source, cpu.convert.target, cpu.convert.options) == (str(out), "none", {})
+    assert cpu.checkpoint.dir == "runs/gla-finetune"
     data = write_jsonl(tmp_path / "train.jsonl", count=20)
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {source: smollm2, dtype: float32}\nconvert: {target: gsa, options: {num_slots: 4}}\n"
@@ -82,6 +89,9 @@ def test_a_fresh_conversion_says_so_with_the_command_that_finetunes_it(tmp_path,
     assert main(["finetune", "--config", str(recipe), *overrides, f"checkpoint.dir={tmp_path / 'run'}"]) == 0
     final = tmp_path / "run" / "final"
     assert AutoModelForCausalLM.from_pretrained(final).config.t2r_mixers == ["gla"] * 3
+    card = (final / "README.md").read_text()
+    assert "2 steps, 64 tokens of" in card and "| held-out loss |" in card
+    assert "(resolved in `recipe.yaml` here)" in card
     capsys.readouterr()
     assert main(["generate", "--model", str(final), "--prompt", "Ada", "--max-new-tokens", "2", "--device", "cpu"]) == 0
     assert "freshly converted" not in capsys.readouterr().err

@@ -36,6 +36,10 @@ def test_eval_compares_with_the_recorded_source(converted, tmp_path, capsys):
     for plot in ("perplexity_by_position.png", "passkey.png", "memory_vs_context.png", "decode_vs_context.png"):
         assert (out / plot).stat().st_size > 1000
     assert "## Perplexity by position" in printed and (out / "report.md").read_text() in printed
+    # progress off a terminal: a line per suite and per model or cell; the quick look's cuts, in the report too
+    assert "ppl: 1 row of 128 tokens; 4 models" in printed and "  ppl gsa: " in printed
+    assert "passkey: done in" in printed
+    assert "ppl_rows 2 -> 1" in printed and "ppl_rows 2 -> 1" in (out / "report.md").read_text()
 
 
 def test_eval_refuses_bad_input_before_loading(converted, tmp_path, capsys):

@@ -41,6 +41,21 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
     resolved = yaml.safe_load(out)
     assert resolved["train"]["lr"] == 1e-4 and resolved["data"]["seq_len"] == 2048
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
+    # the memory plan from the built-in config (no hub access), as from MistralConfig() saved to a folder
+    assert "built-in copy of mistralai/Mistral-7B-v0.1's config" in out and "| DDP | 1 | 27.2 | 27.2 | 54.5 |" in out
+
+
+def test_every_shipped_recipe_from_the_hub_has_a_built_in_config():
+    from pathlib import Path
+
+    import yaml
+
+    from t2r.models.known_configs import KNOWN_CONFIGS, known_config
+
+    sources = {yaml.safe_load(p.read_text())["model"]["source"] for p in Path("recipes").glob("*.yaml")}
+    assert sources - {"smollm2"} <= set(KNOWN_CONFIGS), sources
+    llama = known_config("meta-llama/Meta-Llama-3-8B")
+    assert (llama.model_type, llama.vocab_size, llama.num_key_value_heads) == ("llama", 128256, 8)
 
 
 def test_run_finetunes_then_reports_against_the_source(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import math
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -148,17 +149,27 @@ def rows_for_table():
 def test_format_table():
     table = format_table(rows_for_table())
     lines = table.splitlines()
-    assert len(lines) == 2 + 3
+    assert len(lines) == 2 + 3 + 2 and lines[-1].startswith("cache MiB: the generation cache's tensors")
     assert "source prefill tok/s" in lines[0] and "gsa peak MiB" in lines[0]
     assert lines[0].count("|") == lines[2].count("|") == 2 + 2 * 5 + 1
     assert lines[2].startswith("| 16 | 1 | 1,000 | 2.00 | 500 | 2.00 | 10.0 | 900 |")
     assert lines[4].startswith("| 64 | 1 | OOM |") and "| 960 |" in lines[4]
 
 
+def test_cpu_tables_leave_peak_memory_out_and_say_why():
+    rows = [BenchRow(r.model, r.context, r.batch, r.prefill_tokens_per_s, r.decode_ms_per_token,
+                     r.decode_tokens_per_s, r.cache_bytes, None, r.weights_bytes, r.status) for r in rows_for_table()]
+    lines = format_table(rows).splitlines()
+    assert "peak MiB" not in lines[0] and lines[0].count("|") == lines[2].count("|") == 2 + 2 * 4 + 1
+    assert "no peak MiB on CPU" in lines[-1]
+
+
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     rows = rows_for_table() + [BenchRow("gsa", 16, 4, 900.0, 2.5, 1600.0, 4 * 2**20, None, 2**20)]
-    paths = plot(rows, tmp_path / "plots")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no legend without labelled series, no tick-label warnings
+        paths = plot(rows, tmp_path / "plots")
     assert [p.name for p in paths] == ["memory_vs_context.png", "decode_vs_context.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000

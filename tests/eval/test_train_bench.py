@@ -1,10 +1,12 @@
 """t2r.eval.train_bench on tiny CPU models: the training loop trains, sizes and statuses, the table."""
 
+import warnings
+
 import pytest
 import torch
 
 import t2r
-from t2r.eval.train_bench import TrainRow, bench_training, format_train_table, training_steps
+from t2r.eval.train_bench import TrainRow, bench_training, format_train_table, plot_training, training_steps
 from tests.helpers.models import tiny_source
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -52,3 +54,13 @@ def test_table_ratios_against_the_reference():
     assert lines[3] == "| gsa | 32 | 2 | OOM | - | - | - |"
     assert lines[4] == "| source | 16 | 4 | 200 | 1.00 | 15.0 | n/a |"
     assert "x source" not in format_train_table(rows)
+
+
+def test_cpu_rows_plot_without_a_peak_panel_or_an_empty_legend(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [TrainRow("gsa", 256, 4, 150.0, 6.8, None), TrainRow("gsa", 1024, 1, 140.0, 7.3, None),
+            TrainRow("source", 256, 4, 210.0, 4.9, None), TrainRow("source", 1024, 1, 185.0, 5.5, None)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "No artists with labels found to put in legend" was one
+        [path] = plot_training(rows, tmp_path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
