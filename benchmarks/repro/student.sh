@@ -37,7 +37,7 @@ eval)
             --windows 32,64,128,256,512,1024,2048 --sinks 4)
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-2k" --ppl-length 2048 --ppl-rows 64 \
         --mqar-pairs 8,32,64,128 --mqar-prompts 16 --passkey-lengths 512,1024,2048 --passkey-prompts 4 \
-        --tasks .stage/eval --lm-eval-max-length 2048 "$@" > "$out/$name-eval-2k.log" 2>&1
+        --tasks .stage/eval --lm-eval-limit 300 --lm-eval-max-length 2048 "$@" > "$out/$name-eval-2k.log" 2>&1
     echo "== $name eval 2K rc $?"; grep -iE "frontier|below|above" "$run/eval-2k/report.md" | head -12
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-8k" --ppl-length 8192 --ppl-rows 16 --pack true \
         --suites ppl,passkey --passkey-lengths 4096,8192 --passkey-prompts 4 --batch-size 2 "$@" \
