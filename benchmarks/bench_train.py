@@ -10,6 +10,11 @@ benchmarks/results/train_<device>.md.
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 8192 16384
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --modes eager compiled   # both, side by side
     python benchmarks/bench_train.py --shape tiny --contexts 64 --tokens-per-step 256 --steps 1   # CPU smoke test
+    python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --loss kl --modes eager compiled  # distillation
+
+`--loss kl` times distillation as `t2r finetune`'s KL stages run it (`t2r.train.losses.stage_loss`, fused
+chunked KL): the source, in bf16 and frozen, is every model's teacher, and a "teacher forward" row gives the
+floor its forward alone sets (tokens/s of the forward without the student).
 
 `--modes compiled` runs every model with regional compilation: each decoder layer through `torch.compile`
 (default mode, static shapes), one compiled graph that all layers share, since they run the same code. Inductor
@@ -22,9 +27,12 @@ The warm-up steps include compilation; the first one is checked against the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,8 +40,11 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import t2r
-from t2r.eval.train_bench import training_steps
+from t2r.eval.bench import random_ids
+from t2r.eval.train_bench import next_token_loss, rows_per_step, training_steps
 from t2r.models.compilation import compile_layers
+from t2r.train.losses import stage_loss
+from t2r.train.recipe import StageSection
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_generate import SHAPES as GENERATE_SHAPES  # noqa: E402
@@ -68,6 +79,35 @@ def check_against_eager(model, context: int):
     return check
 
 
+def distill_loss(teacher):
+    """loss_fn for training_steps: T^2 KL(teacher || student) as a `loss: kl` stage computes it (fused)."""
+    stage = StageSection(name="distill", loss={"kl": 1.0})
+
+    def loss_fn(model, ids):
+        step = stage_loss(model, teacher, None, stage, contextlib.nullcontext, fused=True)
+        return step({"input_ids": ids, "labels": ids, "use_cache": False})[0]
+    return loss_fn
+
+
+@torch.inference_mode()
+def teacher_floor(teacher, contexts, tokens_per_step: int, steps: int) -> str:
+    """A table row: tokens/s of the teacher's forward alone (under bf16 autocast), the most a KL step can reach."""
+    device = next(teacher.parameters()).device
+    cells = []
+    for context in contexts:
+        ids = random_ids(teacher.config.vocab_size, rows_per_step(tokens_per_step, context), context, 0, device)
+        times = []
+        for i in range(steps + 1):
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                teacher(input_ids=ids, use_cache=False)
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            times.append(time.perf_counter() - start)
+        cells.append(f"{ids.numel() / statistics.median(times[1:]):,.0f} | | ")
+    return "| teacher forward (the floor) | " + " | ".join(cells) + " |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
@@ -80,6 +120,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager"],
                         help="run every model eagerly, with regional torch.compile, or both (rows side by side)")
+    parser.add_argument("--loss", choices=["next_token", "kl"], default="next_token",
+                        help="kl: distillation from the source (bf16, frozen) with t2r's fused chunked KL")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -100,6 +142,13 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every)
             for mode in args.modes]
+    loss_fn = next_token_loss
+    if args.loss == "kl":
+        teacher = copy.deepcopy(source).to(torch.bfloat16).eval().requires_grad_(False)
+        loss_fn = distill_loss(teacher)
+        header[0] += "; loss: KL to the source (bf16 teacher, fused chunked KL)"
+        rows.append(teacher_floor(teacher, args.contexts, args.tokens_per_step, args.steps))
+        print(rows[-1], flush=True)
     for label, build, mode in runs:
         compiled = mode == "compiled"
         model, cells = build(), []
@@ -112,8 +161,9 @@ def main() -> None:
             torch._dynamo.utils.counters.clear()
         for context in args.contexts:
             try:
+                check = check_against_eager(model, context) if compiled and args.loss == "next_token" else None
                 ms, tokens, peak = training_steps(model, context, args.tokens_per_step, args.warmup, args.steps,
-                                                  check_first=check_against_eager(model, context) if compiled else None)
+                                                  check_first=check, loss_fn=loss_fn)
             except torch.OutOfMemoryError:
                 cells.append("OOM | | ")
                 continue

@@ -49,12 +49,18 @@ class TrainRow:
     """"ok" | "OOM" | "error: <message>"."""
 
 
+def next_token_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+
 def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, steps: int = 3, seed: int = 0,
-                   check_first: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+                   check_first: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                   loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = next_token_loss,
                    ) -> tuple[float, int, int | None]:
     """(median ms per step, tokens per step, CUDA peak bytes or None on CPU) of `warmup + steps` training
     steps on random ids. `check_first(ids, loss)` sees the first step's batch and loss (a compiled model checks itself
-    there). The model's parameters are updated: time a copy if the weights matter afterwards."""
+    there); `loss_fn(model, ids)` is the step's loss (default the next-token loss; a distillation bench passes
+    one with a teacher). The model's parameters are updated: time a copy if the weights matter afterwards."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps}, warmup={warmup}: need at least one timed step and no negative warm-up")
     device = next(model.parameters()).device
@@ -72,7 +78,7 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             with autocast:
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss = loss_fn(model, ids)
             if i == 0 and check_first is not None:
                 check_first(ids, loss)
             loss.backward()
