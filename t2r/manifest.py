@@ -98,7 +98,9 @@ def verify_model_dir(directory: str | os.PathLike) -> bool:
                                 "to load it unchecked") from None
     if listed is None:
         return False
-    found = problem(directory, listed, extra_refused=loaded_by_models)
+    # only what loading reads: the model card (README.md), plots and notes are the user's to edit
+    found = problem(directory, {name: entry for name, entry in listed.items() if loaded_by_models(name)},
+                    extra_refused=loaded_by_models)
     if found:
         raise DamagedModelError(f"{directory} is damaged: {found}; restore it from a copy or write it again (t2r "
                                 f"convert / t2r finetune); its {MANIFEST} lists what t2r wrote")

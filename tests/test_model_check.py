@@ -61,7 +61,8 @@ def test_flipped_bytes_in_a_converted_model_are_refused_by_every_command(convert
 def test_a_truncated_missing_or_added_weights_file_is_refused_a_readme_is_not(converted, tmp_path):
     damaged = tmp_path / "gsa"
     shutil.copytree(converted, damaged)
-    (damaged / "README.md").write_text("my notes")  # not read by any loader: allowed
+    (damaged / "README.md").write_text("my notes")  # the model card t2r wrote, edited: not read by any loader
+    (damaged / "notes.txt.md").write_text("more")   # added, not read by any loader
     load_source(str(damaged))
     (damaged / "extra.safetensors").write_bytes(b"x")
     with pytest.raises(DamagedModelError, match="extra.safetensors is not in manifest.json"):
