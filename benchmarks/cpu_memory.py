@@ -39,7 +39,7 @@ def child(args) -> dict:
     torch.manual_seed(0)
     model, tokenizer = load_source("smollm2", dtype=torch.float32)
     if args.target != "source":
-        model = t2r.convert(model, args.target)
+        model = t2r.convert(model, args.target, copy=False)  # as finetune converts: no second copy
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     vocab = model.config.vocab_size
     times, cpu_times = [], []

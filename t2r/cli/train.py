@@ -79,15 +79,17 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
 
 def eval_plan(recipe, settings) -> str:
     """What `t2r run` evaluates after finetuning, in one line."""
+    from t2r.eval.quick import shrink
     from t2r.eval.suite import HELD_OUT
 
+    settings, cuts = shrink(settings)  # eval.limit: the quick look's sizes
     data = (f"the recipe's {recipe.data.held_out} held-out documents" if settings.data == HELD_OUT else
             settings.data or "generated long documents")
     suites = ", ".join([*settings.suites, *settings.tasks]) or "none"
     return (f"# eval: then {recipe.checkpoint.dir}/final against {settings.baseline or recipe.model.source} "
             f"(suites: {suites}; perplexity data: {data}, {counted(settings.ppl_rows, 'row')} of "
-            f"{settings.ppl_length:,} tokens), on {settings.device or 'cuda if available, else cpu'}; report in "
-            f"{recipe.checkpoint.dir}/eval/")
+            f"{settings.ppl_length:,} tokens{'; a quick look: ' + '; '.join(cuts) if cuts else ''}), on "
+            f"{settings.device or 'cuda if available, else cpu'}; report in {recipe.checkpoint.dir}/eval/")
 
 
 def run_run(args) -> int:

@@ -106,13 +106,19 @@ def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(t
     assert not (tmp_path / "run").exists()
 
 
-def test_run_dry_run_says_what_it_would_train_and_evaluate(capsys):
+def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys):
+    from t2r.data.synthetic import write_jsonl
+
     assert main(["run", "--config", "recipes/mistral-7b-gsa-20b.yaml", "--dry-run", "train.mixed_precision=no",
                  "model.dtype=bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out
     assert "# eval: then runs/mistral-7b-gsa-20b/final against mistralai/Mistral-7B-v0.1 (suites: ppl;" in out
     assert "report in runs/mistral-7b-gsa-20b/eval/" in out
+    data = write_jsonl(tmp_path / "train.jsonl", count=40)
+    assert main(["run", "--config", "recipes/smollm2-gsa-cpu.yaml", "--dry-run", "eval.limit=2",
+                 f"data.path={data}"]) == 0
+    assert "2 rows of 512 tokens; a quick look: ppl_rows 4 -> 2; ppl_length 1024 -> 512;" in capsys.readouterr().out
 
 
 def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path, capsys):

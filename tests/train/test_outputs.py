@@ -113,6 +113,7 @@ def test_plain_lines_without_a_terminal_and_no_library_noise(lean):
     steps = [line.split()[1] for line in lean.out.splitlines() if line.startswith("step ")]
     assert steps == ["1/6", "2/6", "3/6", "4/6", "4/6", "5/6", "6/6"]  # stopped after 4; resumed from 3
     assert "loss " in lean.out and "tok/s" in lean.out
+    assert "held-out loss " in lean.out and "after step 6, on data.held_out=" in lean.out  # quoted by the README
     for noise in ("Loading weights", "Writing model shards", "it/s]", "\r"):
         assert noise not in lean.err, noise
     assert not [n for n in lean.notes if "Removed shared tensor" in n], lean.notes
