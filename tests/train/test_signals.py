@@ -17,6 +17,15 @@ from t2r.train.signals import StopOnSignal
 from tests.helpers.recipes import final_weights, recipe
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler during each test: a process started in the background by a shell inherits
+    SIGINT ignored, which these tests would read as the handler to give back."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, source_dir, corpus):
     r = recipe(tmp_path_factory.mktemp("straight"), source_dir, corpus)
