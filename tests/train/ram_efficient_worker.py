@@ -12,10 +12,15 @@ from tests.helpers.recipes import recipe
 
 def main(tmp: str, source_dir: str, corpus: str) -> None:
     from t2r.train.model_setup import build_model, place_teacher
+    from t2r.train.recipe import load_recipe
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    tiny = recipe(Path(tmp), source_dir, corpus, **{"stages.distill": "{weight: 1.0}", "convert.layers": "auto:1"})
+    overrides = {"stages.distill": "{weight: 1.0}", "convert.layers": "auto:1"}
+    if rank == 0:  # one writer of run.yaml: a rank reading it while another rewrote it once saw it half-written
+        recipe(Path(tmp), source_dir, corpus, **overrides)
+    dist.barrier()
+    tiny = load_recipe(Path(tmp) / "run.yaml", [f"{k}={v}" for k, v in overrides.items()])
     model, _, teacher = build_model(tiny)
     reused = [p for n, p in model.named_parameters() if "q_proj" in n or "embed_tokens" in n]
     before = float(sum(p.abs().sum() for p in reused))
