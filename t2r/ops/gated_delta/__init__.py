@@ -61,8 +61,9 @@ def gated_delta_rule(
         if decoding:
             return triton_recurrent.fused_recurrent_gated_delta_rule_triton(
                 q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-        # T == 1 with autograd: the PyTorch form. The chunk kernels' backward faults on the H100 at one step
-        # (an illegal address in _bwd_dqk_kernel, T = 1 only, 2026-11-25; open), and one step costs nothing
+        # T == 1 outside decoding (a one-step forward that may be differentiated): the PyTorch form. The chunk
+        # kernels' backward faults on the H100 at one step (an illegal address in _bwd_dqk_kernel, T = 1 only,
+        # 2026-11-25; open), and one step costs nothing
         if q.shape[-1] <= triton_chunk.MAX_HEAD_DIM_K and T > 1:
             return triton_chunk.chunk_gated_delta_rule_triton(
                 q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)

@@ -31,10 +31,9 @@ def _reachable_blocks(positions, window: int, sinks: int, length: int) -> torch.
     pad = blocks * BLOCK - length
     starts = torch.arange(blocks, device=positions.device)
     gap = (starts[:, None] - starts[None, :]) * BLOCK - (BLOCK - 1)   # nearest query-key distance of two blocks
-    near = (starts[None, :] <= starts[:, None]) & (gap < window)
-    sink = torch.nn.functional.pad(positions < sinks, (0, pad)).view(len(positions), blocks, BLOCK).any(-1)
     causal = starts[None, :] <= starts[:, None]
-    return (near[None] | (sink[:, None, :] & causal[None]))[:, None]
+    sink = torch.nn.functional.pad(positions < sinks, (0, pad)).view(len(positions), blocks, BLOCK).any(-1)
+    return (causal & ((gap < window) | sink[:, None, :]))[:, None]
 
 
 def _block_mask(positions, real, window: int, sinks: int, batch: int, length: int, device):
