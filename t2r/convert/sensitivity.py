@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from t2r.convert.conversion import convert
+from t2r.models.compilation import decoder_layers
 from t2r.ranking import CRITERIA, SWEEPS
 
 HALO_CAP = 50.0
@@ -165,6 +166,26 @@ def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int
     return total / max(count, 1)
 
 
+@contextlib.contextmanager
+def keep_softmax(converted, source, layers):
+    """Inside, `converted` (every layer converted from `source`) runs `source`'s own attention modules at `layers`
+    (and their layer types, so each gets the mask it expects): the conversion of the other layers alone, without
+    converting again. The gates of the converted layers are those of the one conversion, so for targets whose
+    fresh layers depend on random draws (GSA's slots) a candidate differs from `convert(source, layers=...)` in
+    those draws only; with a window (every gain 0), or a closed forget gate, the two are the same model."""
+    decoder, original = decoder_layers(converted), decoder_layers(source)
+    types = converted.config.layer_types if converted.config.layer_types is not None else [None] * len(decoder)
+    source_types = getattr(source.config, "layer_types", None) or ["full_attention"] * len(original)
+    saved = [(i, decoder[i].self_attn, types[i]) for i in layers]
+    try:
+        for i in layers:
+            decoder[i].self_attn, types[i] = original[i].self_attn, source_types[i]
+        yield converted
+    finally:
+        for i, attention, kind in saved:
+            decoder[i].self_attn, types[i] = attention, kind
+
+
 @torch.no_grad()
 def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 4, progress: bool = True,
                 recall: tuple[torch.Tensor, torch.Tensor] | None = None, criterion: str = "kl",
@@ -185,17 +206,19 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
     # on a GPU under bf16 autocast, so that the mixers run their kernels (in fp32 they take the PyTorch paths:
     # 142 s for a keep-one ranking of SmolLM2 on an H100); the ranking compares layers, not digits
     fast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    with fast:
+    with fast:  # the source's log-probs stay where the model is: every candidate reads them
         reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False)
-                                   .logits[:, :-1].float(), -1).cpu() for s in range(0, len(input_ids), batch_size)]
+                                   .logits[:, :-1].float(), -1) for s in range(0, len(input_ids), batch_size)]
+    # one conversion of every layer; a candidate is that model with the source's own attention put back in the
+    # layers it keeps softmax (no conversion per candidate: 31 of them took 157 s of a 189 s cold start)
+    with torch.random.fork_rng(devices=[]):  # the new gates from the same seed: reproducible
+        torch.manual_seed(0)
+        converted = convert(source, target, **options).eval()
 
-    def measure(converted_layers) -> tuple[float, float | None]:
-        with torch.random.fork_rng(devices=[]):  # every conversion's new gates from the same seed: reproducible
-            torch.manual_seed(0)
-            model = convert(source, target, layers=converted_layers, **options).eval()
-        with fast:
-            kl = kl_to_reference(model, input_ids, reference, batch_size)
-            return kl, (answer_loss(model, *recall, batch_size) if recall is not None else None)
+    def measure(softmax_layers) -> tuple[float, float | None]:
+        with keep_softmax(converted, source, softmax_layers), fast:
+            kl = kl_to_reference(converted, input_ids, reference, batch_size)
+            return kl, (answer_loss(converted, *recall, batch_size) if recall is not None else None)
 
     if sweep == "convert-one":
         with fast:
@@ -203,13 +226,13 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
         base_kl = 0.0
         sign = 1.0
     else:
-        base_kl, base_recall = measure(list(range(layers)))
+        base_kl, base_recall = measure([])
         sign = -1.0
     kl, costs = [], []
     for layer in tqdm(range(layers), desc=f"rank layers ({target}, {sweep})", disable=None if progress else True,
                       leave=False):
-        one = [layer] if sweep == "convert-one" else [i for i in range(layers) if i != layer]
-        layer_kl, layer_recall = measure(one)
+        kept = [layer] if sweep == "keep-one" else [i for i in range(layers) if i != layer]
+        layer_kl, layer_recall = measure(kept)
         kl.append(sign * (layer_kl - base_kl))
         if recall is not None:
             costs.append(sign * (layer_recall - base_recall))

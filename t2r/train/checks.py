@@ -113,6 +113,15 @@ def check_stages(recipe) -> None:
     if not stages:
         raise RecipeError("stages: an empty list; give at least one stage (name, loss, steps or tokens) or remove "
                           "stages")
+    budget = train.max_steps if train.max_steps is not None else train.max_tokens
+    inherits = [(s.steps is None and s.tokens is None) or (s.steps is not None and s.steps == train.max_steps)
+                or (s.tokens is not None and s.tokens == train.max_tokens) for s in stages]  # (a resolved recipe)
+    if budget is not None and not any(inherits):
+        field = "max_steps" if train.max_steps is not None else "max_tokens"
+        own = ", ".join(f"{s.name}: {s.steps if s.steps is not None else s.tokens:,} "
+                        f"{'steps' if s.steps is not None else 'tokens'}" for s in stages)
+        raise RecipeError(f"train.{field}={budget:,} applies to no stage: every stage has its own budget ({own}); "
+                          "set stages.<name>.steps or stages.<name>.tokens instead")
     seen = set()
     for i, stage in enumerate(stages):
         where = f"stages[{i}]"

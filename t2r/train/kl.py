@@ -152,41 +152,12 @@ class _FusedDistill(torch.autograd.Function):
                 if want_w:
                     grad_w += (g.t() @ h).float()
 
-            # three fp32 [chunk, V] buffers at most: logits (then log q, then the gradient), the teacher's
-            # (log p, then p) and log p - log q
-            for start in range(0, n, chunk):
-                rows = slice(start, min(start + chunk, n))
-                h = hidden[rows].to(dtype)
-                logits = (h @ w.t()).float()  # rounded to the compute dtype, as the model's lm_head gives them
-                if labels is not None:  # the next-token loss at T = 1, while the logits are raw
-                    y = labels[rows]
-                    valid = y != ignore_index
-                    lse = logits.logsumexp(-1, keepdim=True)
-                    ce_sum -= (logits.gather(-1, y.clamp(min=0)[:, None]) - lse)[valid, 0].sum().double()
-                    g = logits.sub(lse).exp_()  # softmax - one-hot, over the counted labels
-                    g[valid.nonzero()[:, 0], y[valid]] -= 1
-                    g[~valid] = 0
-                    add("ce", g.div_(max(counted, 1)), rows, h)
-                    del g, lse
-                log_q = _log_softmax_(logits, t)
-                if isinstance(teacher, tuple):
-                    target = (teacher[0][rows].to(teacher_dtype) @ teacher[1].t()).float()
-                else:
-                    target = teacher[rows].to(torch.float32, copy=True)
-                log_p = _log_softmax_(target, t)
-                difference = log_p - log_q
-                p = log_p.exp_()
-                row_kl = torch.linalg.vecdot(p, difference)  # F.kl_div's exp(log p) (log p - log q), summed
-                del difference
-                keep = None if mask is None else mask[rows]
-                kl_sum += (row_kl if keep is None else row_kl[keep]).sum().double()
-                # d (T^2 KL / N) / d logits = T (q - p) / N, zero on dropped tokens
-                grad = log_q.exp_().sub_(p).mul_(t / max(kept, 1))
-                del p, log_p, target
-                if keep is not None:
-                    grad[~keep] = 0
-                add("kl", grad, rows, h)
-                del grad, log_q, logits
+            if isinstance(teacher, tuple) and _fused_rows(hidden, dtype, teacher_dtype):
+                _chunks_fused(hidden, w, teacher, mask, labels, ignore_index, t, chunk, dtype, teacher_dtype, kept,
+                              counted, add, kl_sum, ce_sum)
+            else:
+                _chunks_plain(hidden, w, teacher, mask, labels, ignore_index, t, chunk, dtype, teacher_dtype, kept,
+                              counted, add, kl_sum, ce_sum)
         ctx.grads = grads
         ctx.dtypes = hidden.dtype, weight.dtype
         kl = (kl_sum * t * t / max(kept, 1)).float()
@@ -208,3 +179,80 @@ class _FusedDistill(torch.autograd.Function):
         if grad_weight is not None:
             grad_weight = grad_weight.to(ctx.dtypes[1])
         return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
+
+
+def _fused_rows(hidden: torch.Tensor, dtype: torch.dtype, teacher_dtype: torch.dtype) -> bool:
+    """Whether a chunk's losses and logit gradients run as one Triton kernel (`t2r.ops.distill_rows`): CUDA, half
+    precision logits of both models, Triton available."""
+    if not hidden.is_cuda or dtype not in (torch.bfloat16, torch.float16) or teacher_dtype not in (torch.bfloat16,
+                                                                                                  torch.float16):
+        return False
+    from t2r.ops.backend import use_triton
+
+    return use_triton(hidden.new_empty(0, dtype=dtype))
+
+
+def _chunks_fused(hidden, w, teacher, mask, labels, ignore_index, t, chunk, dtype, teacher_dtype, kept, counted, add,
+                  kl_sum, ce_sum) -> None:
+    """The chunk loop with the per-token math in one kernel: each chunk's logits (of the compute dtype) are read
+    twice and overwritten by their gradients (the student's by the KL's, the teacher's by the next-token one's)."""
+    from t2r.ops.distill_rows import distill_rows
+
+    n = hidden.shape[0]
+    for start in range(0, n, chunk):
+        rows = slice(start, min(start + chunk, n))
+        h = hidden[rows].to(dtype)
+        logits = h @ w.t()
+        target = teacher[0][rows].to(teacher_dtype) @ teacher[1].t()
+        row_kl, row_ce = distill_rows(logits, target, labels[rows] if labels is not None else None, t,
+                                      kl_scale=t / max(kept, 1), ce_scale=1 / max(counted, 1),
+                                      ignore_index=ignore_index)
+        keep = None if mask is None else mask[rows]
+        if keep is not None:
+            logits[~keep] = 0
+        kl_sum += (row_kl if keep is None else row_kl[keep]).sum().double()
+        if labels is not None:
+            ce_sum += row_ce.sum().double()
+            add("ce", target, rows, h)
+        add("kl", logits, rows, h)
+
+
+def _chunks_plain(hidden, w, teacher, mask, labels, ignore_index, t, chunk, dtype, teacher_dtype, kept, counted, add,
+                  kl_sum, ce_sum) -> None:
+    """The chunk loop in PyTorch operations (any device and dtype; the reference of `_chunks_fused`)."""
+    n = hidden.shape[0]
+    # three fp32 [chunk, V] buffers at most: logits (then log q, then the gradient), the teacher's
+    # (log p, then p) and log p - log q
+    for start in range(0, n, chunk):
+        rows = slice(start, min(start + chunk, n))
+        h = hidden[rows].to(dtype)
+        logits = (h @ w.t()).float()  # rounded to the compute dtype, as the model's lm_head gives them
+        if labels is not None:  # the next-token loss at T = 1, while the logits are raw
+            y = labels[rows]
+            valid = y != ignore_index
+            lse = logits.logsumexp(-1, keepdim=True)
+            ce_sum -= (logits.gather(-1, y.clamp(min=0)[:, None]) - lse)[valid, 0].sum().double()
+            g = logits.sub(lse).exp_()  # softmax - one-hot, over the counted labels
+            g[valid.nonzero()[:, 0], y[valid]] -= 1
+            g[~valid] = 0
+            add("ce", g.div_(max(counted, 1)), rows, h)
+            del g, lse
+        log_q = _log_softmax_(logits, t)
+        if isinstance(teacher, tuple):
+            target = (teacher[0][rows].to(teacher_dtype) @ teacher[1].t()).float()
+        else:
+            target = teacher[rows].to(torch.float32, copy=True)
+        log_p = _log_softmax_(target, t)
+        difference = log_p - log_q
+        p = log_p.exp_()
+        row_kl = torch.linalg.vecdot(p, difference)  # F.kl_div's exp(log p) (log p - log q), summed
+        del difference
+        keep = None if mask is None else mask[rows]
+        kl_sum += (row_kl if keep is None else row_kl[keep]).sum().double()
+        # d (T^2 KL / N) / d logits = T (q - p) / N, zero on dropped tokens
+        grad = log_q.exp_().sub_(p).mul_(t / max(kept, 1))
+        del p, log_p, target
+        if keep is not None:
+            grad[~keep] = 0
+        add("kl", grad, rows, h)
+        del grad, log_q, logits

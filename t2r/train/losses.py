@@ -1,6 +1,7 @@
 """A stage's loss: a weighted sum of the next-token loss, T^2 KL(teacher || student) on temperature-softened
 distributions (Hinton et al. 2015) and the attention MSE of each converted layer against its source layer
-(`t2r.train.transfer.AttentionTargets`).
+(`t2r.train.transfer.AttentionTargets`). The softmax layers of both models read a packed batch's documents by
+varlen FlashAttention on CUDA (`t2r.models.packed_attention`).
 
 With `fused` (the default, `train.fused_kl`), a stage with a KL part never holds either model's logits for a
 whole micro-batch: both output heads hand back their input (the final hidden states) and `t2r.train.kl`
@@ -12,6 +13,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+
+from t2r.models.packed_attention import packed_attention
 
 from .kl import chunked_distill_losses, shift_labels
 
@@ -58,7 +61,12 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
 
     def loss(batch: dict):
         parts = {}
-        with autocast():
+        # a packed batch's softmax layers (the teacher's, the student's kept ones) by varlen FlashAttention
+        packed = packed_attention(model, teacher) if "attention_mask" not in batch else contextlib.nullcontext()
+        for key in ("cu_seq_lens_q", "cu_seq_lens_k"):  # compiled layers: one graph for any number of documents
+            if key in batch:
+                torch._dynamo.maybe_mark_dynamic(batch[key], 0)
+        with autocast(), packed:
             if fused and "kl" in weights:
                 parts.update(fused_parts(batch))
                 if targets is not None:  # the teacher's forward above filled the hooks

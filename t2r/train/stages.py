@@ -102,7 +102,7 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
     todo = [stage for stage, steps, first in plan[index:] if saved["step"] < first + steps]
     model, tokenizer, teacher = build_model(replace(recipe, stages=todo or [plan[-1][0]],
                                                     train=replace(recipe.train, trainable=plan[index][0].trainable)),
-                                            clock=clock)
+                                            clock=clock, device=accelerator.device)
     if not _needs_teacher(todo):
         teacher = None
     exact = world == 1

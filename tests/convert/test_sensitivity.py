@@ -188,9 +188,11 @@ def test_recipes_and_the_command_line_take_rank_by():
 
 
 def test_keep_one_measures_what_keeping_a_layer_buys_back():
-    """keep-one: KL and recall loss of the all-converted model minus those with one layer kept softmax. Layer 1
-    with a zeroed o_proj adds nothing whether kept or converted: its KL gain is about 0 (not exactly: the other
-    layers' new gates draw other random numbers when layer 1 is not converted)."""
+    """keep-one: KL and recall loss of the all-converted model minus those with one layer kept softmax (the
+    source's attention put back into the one conversion, so the other layers keep the same gates). Layer 1 with
+    a zeroed o_proj adds nothing whether kept or converted: its gains are exactly 0."""
+    import copy
+
     from t2r.convert import convert
     from t2r.convert.sensitivity import answer_loss, kl_to_reference
 
@@ -200,17 +202,64 @@ def test_keep_one_measures_what_keeping_a_layer_buys_back():
     ranking = rank_layers(source, "gsa", IDS, batch_size=3, progress=False, recall=RECALL, sweep="keep-one",
                           criterion="kl+recall", num_slots=4)
     assert ranking.sweep == "keep-one"
-    assert abs(ranking.kl[1]) < 0.01 * max(map(abs, ranking.kl))
+    assert ranking.kl[1] == 0 and ranking.recall[1] == 0 and max(map(abs, ranking.kl)) > 1e-4
     reference = [torch.log_softmax(source(IDS, use_cache=False).logits[:, :-1].float(), -1)]
 
     def seeded(layers):  # as rank_layers converts: each conversion from seed 0
         torch.manual_seed(0)
         return convert(source, "gsa", layers=layers, num_slots=4).eval()
 
-    every, kept_0 = seeded([0, 1, 2]), seeded([1, 2])
+    every = seeded([0, 1, 2])
+    kept_0 = copy.deepcopy(every)
+    kept_0.model.layers[0].self_attn = copy.deepcopy(source.model.layers[0].self_attn)
+    kept_0.config.layer_types[0] = "full_attention"
     expected = kl_to_reference(every, IDS, reference, 3) - kl_to_reference(kept_0, IDS, reference, 3)
     assert ranking.kl[0] == pytest.approx(expected, rel=1e-4)
     expected = answer_loss(every, *RECALL, 3) - answer_loss(kept_0, *RECALL, 3)
     assert ranking.recall[0] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     with pytest.raises(ValueError, match="choose one of convert-one, keep-one"):
         rank_layers(source, "gsa", IDS, progress=False, sweep="drop-one")
+
+
+@pytest.mark.parametrize("sweep", ["keep-one", "convert-one"])
+def test_one_conversion_ranks_as_a_conversion_per_candidate(sweep):
+    """The ranking converts once and puts the source's attention back per candidate; with a window (gains start
+    at 0) a fresh conversion does not depend on its random draws, so every candidate must score exactly as its
+    own conversion, `t2r.convert(source, layers=...)`, the way the ranking measured before."""
+    from t2r import convert
+    from t2r.convert.sensitivity import answer_loss, kl_to_reference
+
+    source = tiny_source("llama").eval()
+    options = dict(window=4, sinks=1)
+    ranking = rank_layers(source, "gdn", IDS, batch_size=2, progress=False, recall=RECALL, criterion="kl+recall",
+                          sweep=sweep, **options)
+    reference = [torch.log_softmax(source(IDS[s:s + 2], use_cache=False).logits[:, :-1].float(), -1)
+                 for s in range(0, len(IDS), 2)]
+    layers = source.config.num_hidden_layers
+
+    def scores(converted_layers):
+        model = convert(source, "gdn", layers=converted_layers, **options).eval()
+        with torch.no_grad():
+            return kl_to_reference(model, IDS, reference, 2), answer_loss(model, *RECALL, 2)
+
+    if sweep == "keep-one":
+        base = scores(list(range(layers)))
+        expected = [[b - s for b, s in zip(base, scores([i for i in range(layers) if i != layer]))]
+                    for layer in range(layers)]
+    else:
+        with torch.no_grad():
+            base_recall = answer_loss(source, *RECALL, 2)
+        expected = [[s - b for s, b in zip(scores([layer]), (0.0, base_recall))] for layer in range(layers)]
+    assert ranking.kl == pytest.approx([e[0] for e in expected], rel=1e-5, abs=1e-7)
+    assert ranking.recall == pytest.approx([e[1] for e in expected], rel=1e-5, abs=1e-7)
+    assert all(isinstance(m, str) for m in source.config.to_dict().get("layer_types") or ["x"])
+
+
+def test_ranking_leaves_no_layer_swapped():
+    """After ranking, the source still has its own attention modules and config (the ranking swaps them into its
+    one conversion and back)."""
+    source = tiny_source("llama")
+    before = [layer.self_attn for layer in source.model.layers]
+    rank_layers(source, "gdn", IDS, batch_size=2, progress=False, sweep="keep-one", window=4, sinks=1)
+    assert [layer.self_attn for layer in source.model.layers] == before
+    assert type(before[0]).__name__ == "LlamaAttention"

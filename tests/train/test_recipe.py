@@ -258,3 +258,16 @@ def test_the_frontier_recipes_load():
     for f in files:
         recipe = load_recipe(f, check_files=False)
         assert recipe.name == f.stem and f.read_text().startswith("#"), f
+
+
+def test_a_train_budget_that_no_stage_uses_is_refused():
+    """train.max_tokens on a recipe whose every stage has its own budget would change nothing: refused by name
+    (a stage without a budget, or a resolved recipe where one stage took it, still loads)."""
+    stages = ["stages=[{name: a, loss: next_token, tokens: 8192}, {name: b, loss: next_token, steps: 3}]"]
+    with pytest.raises(RecipeError, match=r"train.max_tokens=16,384 applies to no stage.*a: 8,192 tokens, b: 3 steps"):
+        make(*stages, "train.max_steps=null", "train.max_tokens=16384")
+    inherited = ["stages=[{name: a, loss: next_token, tokens: 8192}, {name: b, loss: next_token}]"]
+    recipe = make(*inherited, "train.max_steps=null", "train.max_tokens=16384")
+    assert [s.tokens for s in recipe.stages] == [8192, 16384]
+    resolved = ["stages=[{name: a, loss: next_token, tokens: 8192}, {name: b, loss: next_token, tokens: 16384}]"]
+    assert make(*resolved, "train.max_steps=null", "train.max_tokens=16384").stages[1].tokens == 16384

@@ -2,18 +2,20 @@
 
 The exact-softmax part of a converted layer with `window` / `sinks` (`t2r.layers.window`): each query reads
 its document's first `sinks` tokens and its `window` most recent ones. `naive.py` writes the visibility rule
-out; `chunk.py` computes the same in blocks, linear in the length, in plain PyTorch (any device); `flex.py`
-hands the rule to FlexAttention, one fused kernel on CUDA, used for training there (`T2R_WINDOW_BACKEND=chunk|flex`
-overrides the choice).
+out; `chunk.py` computes the same in blocks, linear in the length, in plain PyTorch (any device);
+`triton_window.py` runs it as Triton kernels (a band per query block plus gathered sinks, fwd and bwd), used on
+CUDA for bf16/fp16; `flex.py` hands the rule to FlexAttention (`T2R_WINDOW_BACKEND=chunk|triton|flex` overrides
+the choice).
 """
 
 import os
 
-import torch
-
+from ..backend import use_triton
 from .chunk import chunk_window_attention
 from .flex import flex_window_attention
 from .naive import masked_window_attention, naive_window_attention, visible_keys
+
+BACKENDS = ("auto", "chunk", "triton", "flex")
 
 
 def window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, scale: float, block: int = 64):
@@ -23,13 +25,17 @@ def window_attention(q, k, v, *, positions, real=None, window: int, sinks: int, 
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
     choice = os.environ.get("T2R_WINDOW_BACKEND", "auto")
-    if choice not in ("auto", "chunk", "flex"):
-        raise ValueError(f"T2R_WINDOW_BACKEND={choice!r}: choose auto, chunk or flex")
-    # auto: FlexAttention for training on CUDA (its backward is 6-20x faster, and training shapes are fixed, so
-    # it compiles once); the blocked form for inference, whose forward is as fast and never recompiles for a new
-    # length (prompts, evaluation rows)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if choice == "flex" or (choice == "auto" and training and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+    if choice not in BACKENDS:
+        raise ValueError(f"T2R_WINDOW_BACKEND={choice!r}: choose one of {', '.join(BACKENDS)}")
+    # auto: the Triton kernels on CUDA in half precision, training and inference alike (no mask to build, no
+    # recompile for a new length or document count: benchmarks/results/profile_distill_*.md); the blocked
+    # PyTorch form elsewhere
+    if choice == "triton" or (choice == "auto" and use_triton(q, k, v)):
+        from .triton_window import triton_window_attention  # lazy: CPU-only installs never import triton
+
+        return triton_window_attention(q, k, v, positions=positions, real=real, window=window, sinks=sinks,
+                                       scale=scale)
+    if choice == "flex":
         return flex_window_attention(q, k, v, positions=positions, real=real, window=window, sinks=sinks, scale=scale)
     return chunk_window_attention(q, k, v, positions=positions, real=real, window=window, sinks=sinks, scale=scale,
                                   block=block)
