@@ -71,6 +71,23 @@ def prepare_chunks(
     """
     if cu_seqlens is None:
         return B, B * triton.cdiv(T, BT), None, None
+    for cached, version, bt, result in _CHUNK_TABLES:
+        if bt == BT and cached is cu_seqlens and cached._version == version:
+            return result
+    result = _chunk_tables(BT, cu_seqlens)
+    _CHUNK_TABLES.insert(0, (cu_seqlens, cu_seqlens._version, BT, result))
+    del _CHUNK_TABLES[4:]
+    return result
+
+
+_CHUNK_TABLES: list = []
+"""(cu_seqlens, its version, BT, tables) of the last calls, newest first: every layer of a forward and of its
+backward passes the same boundary tensor, so the tables (and the host sync that sizes them) are made once a
+micro-batch instead of once a layer and pass. The entry holds the tensor, so its memory cannot be reused by
+another while it is cached; an in-place change bumps its version."""
+
+
+def _chunk_tables(BT: int, cu_seqlens: torch.Tensor):
     cu = cu_seqlens.to(torch.int64)
     N = cu.numel() - 1
     nchunks = (cu[1:] - cu[:-1] + BT - 1) // BT

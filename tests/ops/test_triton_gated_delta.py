@@ -276,3 +276,23 @@ def test_compiled_graph_keeps_the_kernels_inside(monkeypatch):
     for a, b in zip(*grads):
         assert rel(a, b) < 1e-5
     assert scans == [1, 2]   # eager saves the chunk states; the compiled backward op recomputes them
+
+
+def test_chunk_tables_are_made_once_for_a_forward_and_its_backward(monkeypatch):
+    """Every layer of a packed micro-batch passes the same boundary tensor: its chunk tables (and the host sync
+    that sizes them) are built once for the forward and the backward, and again for a new tensor."""
+    from t2r.ops import triton_utils
+
+    built = []
+    real = triton_utils._chunk_tables
+    monkeypatch.setattr(triton_utils, "_chunk_tables", lambda *a: built.append(1) or real(*a))
+    triton_utils._CHUNK_TABLES.clear()
+    inputs = make(1, 40, 2, 1, 16, 16)
+    cu = torch.tensor([0, 13, 40], dtype=torch.int32, device=DEV)
+    tensors = {k: v.to(DEV).requires_grad_(True) for k, v in inputs.items() if k in NAMES}
+    for _ in range(2):  # two layers
+        o, _ = chunk(*(tensors[n] for n in NAMES), cu_seqlens=cu)
+        o.sum().backward()
+    assert len(built) == 1
+    chunk(*(tensors[n] for n in NAMES), cu_seqlens=cu.clone())
+    assert len(built) == 2
