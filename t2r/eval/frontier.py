@@ -6,7 +6,8 @@ windows draw a curve from a tiny cache to the source's full one (its far end); a
 when it lies beyond that curve at its own memory. Memory at context T: `state + per_token * T` for a model (a
 fixed state stays flat; hybrids and FoX grow with T), `per_token * min(W + S, T)` for a window.
 
-Measures: perplexity of each late position bucket (from 256 on; at least the last) at the bucket's end, MQAR
+Measures: perplexity and KL to the source of each late position bucket (from 256 on; at least the last) at the
+bucket's end, for every held-out text (the first's measures unlabelled, the others' named `[label]`), MQAR
 accuracy per number of pairs at its prompt length, passkey accuracy (mean over depths) per length. The frontier at
 the model's memory is the window curve interpolated linearly in log memory; `frontiers` compares every model and
 student with it, `summary_lines` words it, `plot` draws frontier.png.
@@ -32,14 +33,19 @@ def memory(contender: dict, context: int) -> int:
 def measures(results: dict) -> list[dict]:
     """{"name", "context", "higher_is_better", "values": {contender: value}} of every frontier measure present."""
     found = []
-    if "perplexity" in results:
-        rows = results["perplexity"]["results"]
-        spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
-        late = [s for s in spans if s[0] >= LATE_FROM] or spans[-1:]
-        for start, end in late:
-            values = {r["name"]: b["ppl"] for r in rows for b in r["buckets"] if (b["start"], b["end"]) == (start, end)}
-            found.append({"name": f"ppl {_tokens(start)}-{_tokens(end)}", "context": end, "higher_is_better": False,
-                          "values": values})
+    for text in [results] + results.get("texts", []):  # the first text's sections, then any other text's
+        suffix = f" [{text['label']}]" if text is not results else ""
+        for key, value in (("perplexity", "ppl"), ("kl", "kl")):
+            if key not in text:
+                continue
+            rows = text[key]["results"]
+            spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
+            late = [s for s in spans if s[0] >= LATE_FROM] or spans[-1:]
+            for start, end in late:
+                values = {r["name"]: b[value] for r in rows for b in r["buckets"]
+                          if (b["start"], b["end"]) == (start, end)}
+                found.append({"name": f"{value} {_tokens(start)}-{_tokens(end)}{suffix}", "context": end,
+                              "higher_is_better": False, "values": values})
     if "mqar" in results:
         section = results["mqar"]
         for i, (pairs, tokens) in enumerate(zip(section["pairs"], section["tokens"])):
@@ -115,7 +121,8 @@ def verdict(point: dict, higher_is_better: bool) -> str:
     d = point["difference"]
     if d == 0:
         return "on the frontier"
-    amount = f"{abs(d):.2f}" if higher_is_better else f"{abs(d):.2f} ({abs(d) / point['frontier']:.0%})"
+    share = f" ({abs(d) / point['frontier']:.0%})" if not higher_is_better and point["frontier"] else ""
+    amount = f"{abs(d):.2f}{share}"
     return f"{'above' if d > 0 else 'below'} the frontier by {amount} ({'better' if point['better'] else 'worse'})"
 
 

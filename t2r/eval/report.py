@@ -55,6 +55,27 @@ def perplexity_table(section: dict) -> str:
     return "\n".join(lines)
 
 
+def kl_table(section: dict) -> str:
+    """Mean KL to the reference (nats per token) per position bucket, one row per contender."""
+    rows = section["results"]
+    spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
+    lines = ["| model | " + " | ".join(_span(*s) for s in spans) + " | all |",
+             "|---|" + "---|" * (len(spans) + 1)]
+    for row in rows:
+        by_span = {(b["start"], b["end"]): b["kl"] for b in row["buckets"]}
+        lines.append(f"| {row['name']} | " + " | ".join(_num(by_span.get(s), 3) for s in spans)
+                     + f" | {_num(row['kl'], 3)} |")
+    return "\n".join(lines)
+
+
+def text_sections(results: dict) -> list[tuple[dict, str]]:
+    """(a text's sections, its label) for every held-out text: the first at the top level of `results`, then
+    `results["texts"]`."""
+    first = results.get("perplexity") or results.get("kl")
+    found = [(results, first.get("label", "") if first else "")] if first else []
+    return found + [(text, text["label"]) for text in results.get("texts", [])]
+
+
 def mqar_table(section: dict) -> str:
     names = list(section["accuracy"])
     lines = ["| pairs (tokens) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -93,19 +114,28 @@ def summary_lines(results: dict) -> list[str]:
     if not baseline:
         return []
     lines = []
-    if "perplexity" in results:
-        by_name = {r["name"]: r for r in results["perplexity"]["results"]}
-        m, b = by_name[model], by_name[baseline]
-        late_m, late_b = m["buckets"][-1], b["buckets"][-1]
-        lines.append(f"- perplexity: {m['ppl']:.2f} vs {b['ppl']:.2f} ({_pct(recovered(m['ppl'], b['ppl'], False))} "
-                     f"recovered); at positions {_span(late_m['start'], late_m['end'])}: {late_m['ppl']:.2f} vs "
-                     f"{late_b['ppl']:.2f}")
-        windows = [r for r in results["perplexity"]["results"] if r.get("role") == "window"]
-        beaten = [w["name"] for w in windows if late_m["ppl"] < w["buckets"][-1]["ppl"]]
-        if windows:
-            lines.append(f"- late positions: the model beats {len(beaten)} of {len(windows)} window baselines"
-                         + (f" ({', '.join(beaten)})" if beaten else
-                            " (a sliding window of that memory would do as well: the state adds nothing yet)"))
+    texts = text_sections(results)
+    for text, label in texts:
+        on = f" on {label}" if len(texts) > 1 else ""
+        if "perplexity" in text:
+            by_name = {r["name"]: r for r in text["perplexity"]["results"]}
+            m, b = by_name[model], by_name[baseline]
+            late_m, late_b = m["buckets"][-1], b["buckets"][-1]
+            lines.append(f"- perplexity{on}: {m['ppl']:.2f} vs {b['ppl']:.2f} "
+                         f"({_pct(recovered(m['ppl'], b['ppl'], False))} recovered); at positions "
+                         f"{_span(late_m['start'], late_m['end'])}: {late_m['ppl']:.2f} vs {late_b['ppl']:.2f}")
+            windows = [r for r in text["perplexity"]["results"] if r.get("role") == "window"]
+            beaten = [w["name"] for w in windows if late_m["ppl"] < w["buckets"][-1]["ppl"]]
+            if windows:
+                lines.append(f"- late positions{on}: the model beats {len(beaten)} of {len(windows)} window baselines"
+                             + (f" ({', '.join(beaten)})" if beaten else
+                                " (a sliding window of that memory would do as well: the state adds nothing yet)"))
+        if "kl" in text:
+            by_name = {r["name"]: r for r in text["kl"]["results"]}
+            m = by_name[model]
+            late = m["buckets"][-1]
+            lines.append(f"- KL to {text['kl']['reference']}{on}: {m['kl']:.3f} nats per token; at positions "
+                         f"{_span(late['start'], late['end'])}: {late['kl']:.3f} (the source itself: 0)")
     lines += frontier.summary_lines(results)
     for key in ("mqar", "passkey"):
         if key in results:
@@ -153,14 +183,24 @@ def markdown(results: dict) -> str:
     summary = summary_lines(results)
     if summary:
         parts += ["## Summary", *summary, ""]
-    if "perplexity" in results:
-        p = results["perplexity"]
-        parts += ["## Perplexity by position", "",
-                  f"{p['rows']} rows of {p['length']} tokens of `{p['data']}`"
-                  + (" (documents packed end to end)" if p["pack"] else " (each a document's first tokens)")
-                  + "; token perplexity per position bucket. Window rows: the baseline restricted to its last W "
-                  "tokens plus S sink tokens (training-free); `mem` is the window whose KV cache takes the "
-                  "model's state bytes.", "", perplexity_table(p), ""]
+    texts = text_sections(results)
+    for text, label in texts:
+        on = f": {label}" if len(texts) > 1 else ""
+        if "perplexity" in text:
+            p = text["perplexity"]
+            parts += [f"## Perplexity by position{on}", "",
+                      f"{p['rows']} rows of {p['length']} tokens of `{p['data']}`"
+                      + (" (documents packed end to end)" if p["pack"] else " (each a document's first tokens)")
+                      + "; token perplexity per position bucket. Window rows: the baseline restricted to its last "
+                      "W tokens plus S sink tokens (training-free); `mem` is the window whose KV cache takes the "
+                      "model's state bytes.", "", perplexity_table(p), ""]
+        if "kl" in text:
+            k = text["kl"]
+            parts += [f"## KL to the source by position{on}", "",
+                      f"KL({k['reference']} || model) in nats per predicted token, on the same {k['rows']} rows of "
+                      f"`{k['data']}`; 0 is the source itself. A next-token loss cannot flatter it: a student "
+                      "adapted to its training text may beat the source's perplexity there, never its KL.", "",
+                      kl_table(k), ""]
     if results.get("frontier"):
         parts += ["## Window frontier", "",
                   "Each model and student against the windows of the source at its own generation memory per "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from t2r.dtypes import DTYPE_NAMES
 
-BUILTIN_SUITES = ("ppl", "mqar", "passkey", "bench")
+BUILTIN_SUITES = ("ppl", "kl", "mqar", "passkey", "bench")
 DEFAULT_SUITES = ("ppl", "mqar", "passkey")
 HELD_OUT = "held-out"
 """`data` value in a recipe's eval section: the recipe's own held-out documents (`data.held_out`)."""
@@ -57,8 +57,8 @@ class EvalSettings:
               "the source is scored once for several students)", "what",
         default_text="the source a converted model records")
     suites: list[str] = setting(
-        list(DEFAULT_SUITES), "ppl, mqar, passkey, bench, and lm-eval suites (commonsense, knowledge, aggregate, "
-                              "recall, local)", "what",
+        list(DEFAULT_SUITES), "ppl, kl (KL to the baseline by position, on the perplexity rows), mqar, passkey, "
+                              "bench, and lm-eval suites (commonsense, knowledge, aggregate, recall, local)", "what",
         default_text=f"{','.join(DEFAULT_SUITES)}; with --tasks alone: only the tasks")
     tasks: list[str] = setting([], "lm-eval task names or local multiple-choice .jsonl files / directories", "what")
     students: list[str] = setting([], "other models (e.g. earlier students) scored on the same perplexity and recall "
@@ -78,8 +78,10 @@ class EvalSettings:
                                 "always scored", "what")
 
     data: str | None = setting(
-        None, "held-out text for perplexity: local file, directory or hub dataset id; in a recipe, "
-              f"'{HELD_OUT}': the recipe's held-out documents", "ppl", default_text="generated long documents")
+        None, "held-out text for perplexity (and kl): local file, directory or hub dataset id, or several joined "
+              "by commas (A,B: each scored and judged against the windows on its own, e.g. the training corpus's "
+              f"held-out part and text of another domain); in a recipe, '{HELD_OUT}': the recipe's held-out "
+              "documents", "ppl", default_text="generated long documents")
     data_documents: int = setting(256, "how many held-out documents to read from --data", "ppl")
     text_field: str = setting("text", "the JSON field holding the text in --data", "ppl")
     ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl")
@@ -146,8 +148,18 @@ class EvalSettings:
         if self.data not in (None, HELD_OUT):
             from t2r.data.documents import is_local, local_files
 
-            if is_local(self.data):
-                local_files(self.data)  # raises naming the missing file or unsupported suffix
+            for text in self.texts():
+                if is_local(text):
+                    local_files(text)  # raises naming the missing file or unsupported suffix
+
+    def texts(self) -> list[str]:
+        """The held-out texts of `data` (split at commas), or [] for generated documents."""
+        if self.data is None:
+            return []
+        texts = [t.strip() for t in self.data.split(",")]
+        if not all(texts) or len(set(texts)) != len(texts):
+            raise ValueError(f"data={self.data!r}: give distinct texts joined by single commas (A,B)")
+        return texts
 
     def harness_asked(self) -> bool:
         """Whether any lm-eval suite or task is asked for (without resolving them)."""

@@ -19,7 +19,7 @@ from t2r.data import DataConfig
 from t2r.version import version
 from t2r.words import counted
 
-from . import bench, frontier, harness, perplexity, quick, recall, report, result_cache
+from . import bench, divergence, frontier, harness, perplexity, quick, recall, report, result_cache
 from .contenders import Contender, memory_matched_window
 from .progress import note
 from .result_cache import NO_CACHE, ResultCache
@@ -135,13 +135,35 @@ def check_length_limits(limits: dict[str, int | None], settings: EvalSettings) -
 
 
 def long_text_data(settings: EvalSettings, out_dir) -> DataConfig:
-    """The held-out text: `settings.data`, or generated long documents written to `out_dir`."""
-    if settings.data is not None:
-        return DataConfig(path=settings.data, text_field=settings.text_field, held_out=settings.data_documents)
-    from t2r.data.synthetic import write_long_jsonl
+    """The (first) held-out text: `settings.data`, or generated long documents written to `out_dir`."""
+    return held_out_texts(settings, out_dir)[0][1]
 
-    path = write_long_jsonl(f"{out_dir}/heldout-long.jsonl", count=settings.ppl_rows, seed=10_000 + settings.seed)
-    return DataConfig(path=str(path), held_out=settings.ppl_rows)
+
+def held_out_texts(settings: EvalSettings, out_dir, data: DataConfig | None = None) -> list[tuple[str, DataConfig]]:
+    """(label, data) of every held-out text perplexity and KL are scored on: `data` when given (a recipe's own
+    held-out documents), else each of `settings.data`'s texts, else generated long documents written to
+    `out_dir`. The label is the file's or dataset's name (`validation-00`), told apart when two would match."""
+    if data is not None:
+        return [(text_label(data.path), data)]
+    if settings.data is None:
+        from t2r.data.synthetic import write_long_jsonl
+
+        path = write_long_jsonl(f"{out_dir}/heldout-long.jsonl", count=settings.ppl_rows, seed=10_000 + settings.seed)
+        return [("generated", DataConfig(path=str(path), held_out=settings.ppl_rows))]
+    found = []
+    for i, text in enumerate(settings.texts(), 1):
+        label = text_label(text)
+        label = label if label not in {lab for lab, _ in found} else f"{label} #{i}"
+        found.append((label, DataConfig(path=text, text_field=settings.text_field, held_out=settings.data_documents)))
+    return found
+
+
+def text_label(path: str) -> str:
+    """`../corpus/validation-00.jsonl.gz` -> `validation-00`; `org/dataset` -> `dataset`."""
+    name = Path(str(path).rstrip("/")).name or str(path)
+    for suffix in (".gz", ".bz2", ".xz", ".zst", ".jsonl", ".json", ".txt", ".parquet"):
+        name = name.removesuffix(suffix)
+    return name or str(path)
 
 
 def environment(device: str) -> dict:
@@ -192,8 +214,11 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                        students)
     check_lengths(found, settings)
     results["contenders"] = [contender_info(c, found) for c in found]
+    if "kl" in settings.suites and baseline is None:
+        raise ValueError("the kl suite scores KL to the baseline: give a baseline (--baseline, or leave the default: "
+                         "the source the model records), or leave kl out of the suites")
     torch.manual_seed(settings.seed)
-    pending = [s for s in ("ppl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
+    pending = [s for s in ("ppl", "kl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
         ["bench"] if "bench" in settings.suites else [])
 
     if cuts:
@@ -215,18 +240,48 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
         if pending:
             report.write(results, out_dir, with_plots=False)
 
+    texts = held_out_texts(settings, out_dir, data)
+    rows_of = {}  # label -> the token rows of that text, shared by ppl and kl
+
+    def rows(label: str, config: DataConfig) -> torch.Tensor:
+        if label not in rows_of:
+            rows_of[label] = perplexity.token_rows(config, tokenizer, settings.ppl_length, settings.ppl_rows,
+                                                   settings.seed if data_seed is None else data_seed, settings.pack)
+        return rows_of[label]
+
+    def text_section(index: int, label: str, config: DataConfig, key: str, section: dict) -> None:
+        """The first text's sections at the top level (`results["perplexity"]`, `results["kl"]`), the others'
+        in `results["texts"]`, one entry per text."""
+        section = {"data": config.path, "label": label, "length": settings.ppl_length,
+                   "rows": len(rows(label, config)), "pack": settings.pack, **section}
+        if index == 0:
+            results[key] = section
+        else:
+            entry = next((t for t in results.setdefault("texts", []) if t["label"] == label), None)
+            if entry is None:
+                entry = {"label": label, "data": config.path}
+                results["texts"].append(entry)
+            entry[key] = section
+
     if "ppl" in settings.suites:
-        start = starting("ppl", f"{counted(settings.ppl_rows, 'row')} of {settings.ppl_length} tokens",
-                         [c.name for c in found])
-        data = data or long_text_data(settings, out_dir)
-        ids = perplexity.token_rows(data, tokenizer, settings.ppl_length, settings.ppl_rows,
-                                    settings.seed if data_seed is None else data_seed, settings.pack)
-        rows = perplexity.position_perplexity(found, ids, settings.batch_size, cache=cache)
-        results["perplexity"] = {
-            "data": data.path, "length": settings.ppl_length, "rows": len(ids), "pack": settings.pack,
-            "results": [{**r.to_dict(), "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
-                        for r, c in zip(rows, found)]}
+        start = starting("ppl", f"{counted(settings.ppl_rows, 'row')} of {settings.ppl_length} tokens"
+                         + (f" of each of {len(texts)} texts" if len(texts) > 1 else ""), [c.name for c in found])
+        for index, (label, config) in enumerate(texts):
+            scored = perplexity.position_perplexity(found, rows(label, config), settings.batch_size, cache=cache)
+            text_section(index, label, config, "perplexity", {
+                "results": [{**r.to_dict(), "role": c.role, "window": c.window,
+                             "sinks": c.sinks if c.window else None} for r, c in zip(scored, found)]})
         measured("ppl", start)
+    if "kl" in settings.suites:
+        reference = next((c for c in found if c.role == "baseline"), None)
+        start = starting("kl", f"KL to {baseline_name} by position, on the perplexity rows", [c.name for c in found])
+        for index, (label, config) in enumerate(texts):
+            scored = divergence.position_kl(found, reference, rows(label, config), settings.batch_size, cache=cache)
+            text_section(index, label, config, "kl", {
+                "reference": reference.name,
+                "results": [{**r, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
+                            for r, c in zip(scored, found)]})
+        measured("kl", start)
     if "mqar" in settings.suites:
         pairs = ",".join(map(str, settings.mqar_pairs))
         start = starting("mqar", f"{counted(settings.mqar_prompts, 'prompt')} of {pairs} pairs",
