@@ -7,9 +7,9 @@
 #        checkpoint stays), resuming when runs/NAME holds one; the first call's start-up is traced
 #        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt)
 #   bash benchmarks/repro/student.sh eval NAME [flag ...]
-#        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity on 64 rows
-#        of held-out documents, MQAR, passkey to 2K, the local tasks) and at 8K (perplexity on 16 packed rows
-#        of 8192 tokens, passkey at 4K and 8K)
+#        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity and KL to
+#        the source on 64 rows of held-out documents, of each staged text; MQAR, passkey to 2K, the local tasks)
+#        and at 8K (perplexity and KL on 16 packed rows of 8192 tokens, passkey at 4K and 8K)
 #   bash benchmarks/repro/student.sh pack NAME     # runs/NAME without weights -> $OUT/NAME.tgz
 set -u
 what=$1 name=$2
@@ -33,14 +33,19 @@ train)
     [ -d "$run/final" ] && echo "== $name final written"
     ;;
 eval)
-    common=(--model "$run/final" --data .stage/data/validation-00.jsonl.gz --data-documents 1024 --batch-size 8
+    # the corpus's held-out part and, when staged, text of another domain (python -m t2r.data.offline_texts
+    # sympy-code, carried in .stage/data-*): perplexity and KL to the source judged on each
+    texts=.stage/data/validation-00.jsonl.gz
+    [ -f .stage/data/sympy-code.jsonl.gz ] && texts=$texts,.stage/data/sympy-code.jsonl.gz
+    common=(--model "$run/final" --data "$texts" --data-documents 1024 --batch-size 8
             --windows 32,64,128,256,512,1024,2048 --sinks 4)
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-2k" --ppl-length 2048 --ppl-rows 64 \
-        --mqar-pairs 8,32,64,128 --mqar-prompts 16 --passkey-lengths 512,1024,2048 --passkey-prompts 4 \
-        --tasks .stage/eval --lm-eval-limit 300 --lm-eval-max-length 2048 "$@" > "$out/$name-eval-2k.log" 2>&1
+        --suites ppl,kl,mqar,passkey --mqar-pairs 8,32,64,128 --mqar-prompts 16 --passkey-lengths 512,1024,2048 \
+        --passkey-prompts 4 --tasks .stage/eval --lm-eval-limit 300 --lm-eval-max-length 2048 "$@" \
+        > "$out/$name-eval-2k.log" 2>&1
     echo "== $name eval 2K rc $?"; grep -iE "frontier|below|above" "$run/eval-2k/report.md" | head -12
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-8k" --ppl-length 8192 --ppl-rows 16 --pack true \
-        --suites ppl,passkey --passkey-lengths 4096,8192 --passkey-prompts 4 --batch-size 2 "$@" \
+        --suites ppl,kl,passkey --passkey-lengths 4096,8192 --passkey-prompts 4 --batch-size 2 "$@" \
         > "$out/$name-eval-8k.log" 2>&1
     echo "== $name eval 8K rc $?"; grep -iE "frontier|below|above" "$run/eval-8k/report.md" | head -12
     ;;
