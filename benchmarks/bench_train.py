@@ -11,6 +11,8 @@ benchmarks/results/train_<device>.md.
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --modes eager compiled   # both, side by side
     python benchmarks/bench_train.py --shape tiny --contexts 64 --tokens-per-step 256 --steps 1   # CPU smoke test
     python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --loss kl --modes eager compiled  # distillation
+    python benchmarks/bench_train.py --shape smollm2 --contexts 2048 --loss kl --window 64 --hybrid-every 4 \
+        --hybrid-target gdn       # every target with window 64 + 4 sinks, and a gdn hybrid
 
 `--loss kl` times distillation as `t2r finetune`'s KL stages run it (`t2r.train.losses.stage_loss`, fused
 chunked KL): the source, in bf16 and frozen, is every model's teacher, and a "teacher forward" row gives the
@@ -54,17 +56,20 @@ SHAPES = {**GENERATE_SHAPES,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)}
 
 
-def contenders(source, targets, hybrid_every: int):
-    """(name, build) pairs: the source itself, each target on every layer, and GSA with every
-    `hybrid_every`-th layer left softmax."""
+def contenders(source, targets, hybrid_every: int, hybrid_target: str = "gsa", window: int = 0, sinks: int = 0):
+    """(name, build) pairs: the source itself, each target on every layer, and `hybrid_target` with every
+    `hybrid_every`-th layer left softmax; with `window`, every converted layer adds window + sinks."""
     layers = source.config.num_hidden_layers
+    options = dict(window=window, sinks=sinks) if window else {}
+    suffix = f" + window {window}+{sinks}" if window else ""
     yield "source (SDPA)", lambda: source
     for target in targets:
-        yield target, lambda target=target: t2r.convert(source, target)
+        yield target + suffix, lambda target=target: t2r.convert(source, target, **options)
     if hybrid_every:
         kept = set(range(hybrid_every - 1, layers, hybrid_every))
         converted = [i for i in range(layers) if i not in kept]
-        yield f"gsa hybrid (1 in {hybrid_every} softmax)", lambda: t2r.convert(source, "gsa", layers=converted)
+        yield (f"{hybrid_target} hybrid (1 in {hybrid_every} softmax){suffix}",
+               lambda: t2r.convert(source, hybrid_target, layers=converted, **options))
 
 
 def check_against_eager(model, context: int):
@@ -115,6 +120,9 @@ def main() -> None:
     parser.add_argument("--tokens-per-step", type=int, default=32768)
     parser.add_argument("--targets", nargs="+", default=list(t2r.MIXERS))
     parser.add_argument("--hybrid-every", type=int, default=10, help="0: no hybrid row")
+    parser.add_argument("--hybrid-target", default="gsa", help="the mixer of the hybrid row")
+    parser.add_argument("--window", type=int, default=0, help="window + sinks in every converted layer (0: none)")
+    parser.add_argument("--sinks", type=int, default=4, help="sinks with --window")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
@@ -140,7 +148,8 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / (
         f"train_{name.replace(' ', '_')}{'_compiled' if 'compiled' in args.modes else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs = [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every)
+    runs = [(label, build, mode) for label, build in contenders(source, args.targets, args.hybrid_every,
+                                                                args.hybrid_target, args.window, args.sinks)
             for mode in args.modes]
     loss_fn = next_token_loss
     if args.loss == "kl":

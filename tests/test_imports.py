@@ -13,16 +13,19 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "t2r"
 
 LAYERS = (
-    {"t2r.paths", "t2r.dtypes", "t2r.outputs", "t2r.ranking", "t2r.manifest", "t2r.words"},
+    {"t2r.paths", "t2r.dtypes", "t2r.outputs", "t2r.ranking", "t2r.manifest", "t2r.words", "t2r.lazy",
+     "t2r.version", "t2r.optim"},
     {"t2r.ops", "t2r.data"},
     {"t2r.layers"},
-    {"t2r.models", "t2r.sources", "t2r.model_check"},
+    {"t2r.models", "t2r.sources", "t2r.model_check", "t2r.model_dir"},
     {"t2r.convert"},
-    {"t2r.train", "t2r.eval", "t2r"},
+    {"t2r.eval"},
+    {"t2r.train", "t2r"},
     {"t2r.cli", "t2r.lm_eval", "t2r.__main__"},
 )
 """Lowest first: a module may import from its own layer and the ones below. `t2r.paths`, `dtypes`, `outputs`,
-`ranking`, `manifest` and `words` import nothing of t2r; `t2r.data` reads documents and imports none of the model
+`ranking`, `manifest`, `words` and `lazy` import nothing of t2r; evaluation imports no training code (a recipe's
+`eval:` section reads `t2r.eval.settings`); `t2r.data` reads documents and imports none of the model
 code, so conversion's calibration reads text through it; `t2r.sources` loads source models (checked by
 `t2r.model_check`); `t2r` (the package's `__init__`) is the public API over conversion; `t2r.lm_eval` and
 `t2r.__main__` (`python -m t2r`) are command lines."""

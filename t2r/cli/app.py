@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "cache":
             return run_cache(args)
+        if args.command in ("finetune", "run"):  # a bad recipe is answered before any library loads (no torch)
+            from t2r.train.recipe import load_recipe
+
+            args.recipe = load_recipe(args.config, args.overrides)
         from t2r.outputs import quiet_libraries
 
         with quiet_libraries():  # one progress bar per long step of ours, none of the libraries' per-load bars

@@ -11,12 +11,8 @@ from pathlib import Path
 from t2r import manifest
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.parser import mixer_registry
-from t2r.outputs import replace_dir
+from t2r.model_dir import CONVERSION_FILE
 from t2r.paths import check_model_spec, offline_if_unreachable
-
-CONVERSION_FILE = "t2r_conversion.json"
-"""Written by `t2r convert` next to the weights it saves: the model is freshly converted, not trained."""
-
 
 CPU_RECIPE = "recipes/smollm2-gsa-cpu.yaml"
 
@@ -27,15 +23,14 @@ def run_convert(args) -> int:
     offline_if_unreachable(args.model)
     from t2r.convert import auto_softmax_count, calibrated_convert, conversion_report
     from t2r.data.config import DataConfig
-    from t2r.models.model_card import write_model_card
-    from t2r.outputs import follow_umask
+    from t2r.model_dir import save_converted, staging_dir
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
     options = {name: getattr(args, name) for name in mixer_registry().option_names()
                if getattr(args, name) is not None}
     out = Path(args.out)
-    tmp = out.with_name(f".tmp-{out.name}")  # written aside, then renamed: never a half-saved model in --out
+    tmp = staging_dir(out)  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
     ranking_dir = tmp / "layer_ranking"
     model = calibrated_convert(source, tokenizer, args.target, layers=args.layers, init=args.init,
@@ -46,15 +41,8 @@ def run_convert(args) -> int:
         converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
         print(f"{args.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
     print(conversion_report(source, model))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / CONVERSION_FILE).write_text(json.dumps(
-        {"converted_by": "t2r convert", "source": args.model, "target": args.target, "trained": False,
-         "command": " ".join(["t2r", *sys.argv[1:]])}, indent=1) + "\n")
-    write_model_card(tmp, " ".join(["t2r", *sys.argv[1:]]), location=out)
-    follow_umask(tmp)  # safetensors writes model.safetensors 0600
-    manifest.write(tmp)  # last: loading checks every file against it
-    replace_dir(tmp, out)  # the old model stays in place until the new one is complete
+    save_converted(model, tokenizer, out, source=args.model, target=args.target, converted_by="t2r convert",
+                   made_by=" ".join(["t2r", *sys.argv[1:]]), started=True)  # the ranking, already in tmp, stays
     print(f"saved to {out}")
     note = fresh_conversion_note(out)
     if note:

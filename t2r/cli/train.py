@@ -11,16 +11,27 @@ from t2r.paths import offline_if_unreachable
 from t2r.words import counted
 
 
+def loaded_recipe(args):
+    """The recipe of `--config` and its overrides, validated: as `t2r.cli.app` loaded it before any library
+    (`args.recipe`), or loaded here."""
+    recipe = getattr(args, "recipe", None)
+    if recipe is None:
+        from t2r.train.recipe import load_recipe
+
+        recipe = load_recipe(args.config, args.overrides)
+    return recipe
+
+
 def run_finetune(args) -> int:
-    from accelerate import PartialState
-
-    from t2r.train import finetune, load_recipe
-
-    recipe = load_recipe(args.config, args.overrides)  # validated before anything loads
+    recipe = loaded_recipe(args)  # validated before anything loads (or imports torch)
     check_recipe_data(recipe)
     if args.dry_run:
         print_plan(recipe, args.tokens_per_second, args.measure)
         return 0
+    from accelerate import PartialState
+
+    from t2r.train import finetune
+
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if PartialState().is_main_process:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
@@ -93,16 +104,9 @@ def eval_plan(recipe, settings) -> str:
 
 
 def run_run(args) -> int:
-    from accelerate import PartialState
+    from t2r.eval.settings import HELD_OUT, EvalSettings
 
-    from t2r.eval import EvalSettings, evaluate, load_pair, write_report
-    from t2r.eval.models import eval_dtype
-    from t2r.eval.report import summary_lines
-    from t2r.eval.suite import HELD_OUT
-    from t2r.models.model_card import add_evaluation
-    from t2r.train import finetune, load_recipe
-
-    recipe = load_recipe(args.config, args.overrides)  # the eval section is validated here too
+    recipe = loaded_recipe(args)  # the eval section is validated here too (no torch yet)
     check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
@@ -110,6 +114,14 @@ def run_run(args) -> int:
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
         return 0
+    from accelerate import PartialState
+
+    from t2r.eval import evaluate, load_pair, write_report
+    from t2r.eval.models import eval_dtype
+    from t2r.eval.report import summary_lines
+    from t2r.models.model_card import add_evaluation
+    from t2r.train import finetune
+
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0

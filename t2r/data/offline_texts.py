@@ -100,7 +100,7 @@ def build(name: str, cache_dir: Path | str | None = None, wheel: Path | None = N
     if name not in TEXTS:
         raise ValueError(f"unknown text {name!r}: choose one of {', '.join(TEXTS)}")
     text = TEXTS[name]
-    from t2r.sources import cache_dir as t2r_cache
+    from t2r.paths import cache_dir as t2r_cache
 
     out = Path(cache_dir or t2r_cache() / "texts") / f"{name}.jsonl.gz"
     if out.is_file():

@@ -43,29 +43,26 @@ def _span(lo: int, hi: int) -> str:
     return f"{k(lo)}-{k(hi)}"
 
 
-def perplexity_table(section: dict) -> str:
+def bucket_table(section: dict, value: str = "ppl", digits: int = 2) -> str:
+    """One row per contender of `section` (a perplexity or KL section): `value` per position bucket, then overall."""
     rows = section["results"]
     spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
     lines = ["| model | " + " | ".join(_span(*s) for s in spans) + " | all |",
              "|---|" + "---|" * (len(spans) + 1)]
     for row in rows:
-        by_span = {(b["start"], b["end"]): b["ppl"] for b in row["buckets"]}
-        lines.append(f"| {row['name']} | " + " | ".join(_num(by_span.get(s), 2) for s in spans)
-                     + f" | {_num(row['ppl'], 2)} |")
+        by_span = {(b["start"], b["end"]): b[value] for b in row["buckets"]}
+        lines.append(f"| {row['name']} | " + " | ".join(_num(by_span.get(s), digits) for s in spans)
+                     + f" | {_num(row[value], digits)} |")
     return "\n".join(lines)
+
+
+def perplexity_table(section: dict) -> str:
+    return bucket_table(section, "ppl", 2)
 
 
 def kl_table(section: dict) -> str:
     """Mean KL to the reference (nats per token) per position bucket, one row per contender."""
-    rows = section["results"]
-    spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
-    lines = ["| model | " + " | ".join(_span(*s) for s in spans) + " | all |",
-             "|---|" + "---|" * (len(spans) + 1)]
-    for row in rows:
-        by_span = {(b["start"], b["end"]): b["kl"] for b in row["buckets"]}
-        lines.append(f"| {row['name']} | " + " | ".join(_num(by_span.get(s), 3) for s in spans)
-                     + f" | {_num(row['kl'], 3)} |")
-    return "\n".join(lines)
+    return bucket_table(section, "kl", 3)
 
 
 def text_sections(results: dict) -> list[tuple[dict, str]]:

@@ -1,9 +1,14 @@
-"""Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints."""
+"""Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints.
 
-from .batches import evaluate_loss, heldout_loss
-from .errors import CheckpointError, CollapseError, NonFiniteError, RunDirError, RunError
-from .loop import Interrupt, finetune
-from .recipe import Recipe, RecipeError, load_recipe, save_resolved
+The names load on first use (`t2r.lazy`): importing the package imports no torch."""
 
-__all__ = ["CheckpointError", "CollapseError", "Interrupt", "NonFiniteError", "Recipe", "RecipeError", "RunDirError",
-           "RunError", "evaluate_loss", "finetune", "heldout_loss", "load_recipe", "save_resolved"]
+from t2r.lazy import lazy_exports
+
+_EXPORTS = {
+    "evaluate_loss": ".batches", "heldout_loss": ".batches", "CheckpointError": ".errors",
+    "CollapseError": ".errors", "NonFiniteError": ".errors", "RunDirError": ".errors", "RunError": ".errors",
+    "Interrupt": ".loop", "finetune": ".loop", "Recipe": ".recipe", "RecipeError": ".recipe",
+    "load_recipe": ".recipe", "save_resolved": ".recipe",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -15,7 +15,7 @@ import typing
 import yaml
 
 from t2r.convert.layer_spec import check_layer_spec
-from t2r.eval.suite import HELD_OUT
+from t2r.eval.settings import HELD_OUT
 from t2r.layers import MIXERS, get_mixer
 from t2r.layers.registry import teacher_init_targets
 from t2r.paths import check_model_spec, is_local

@@ -1,18 +1,16 @@
 """The trained model as `<checkpoint.dir>/final`: a complete model directory any loader reads (weights,
 config, tokenizer, resolved recipe, and `manifest.json` with every file's size and SHA-256, which loading
-checks), written to a hidden directory and renamed into place. A LoRA run
+checks), written to a hidden directory and renamed into place (`t2r.model_dir`, as every model directory). A LoRA run
 saves its adapters merged into the weights (W + scaling * B @ A, the trained copies of the fully trained
 modules in place of the originals), so `final/` loads like any converted model."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 
-from t2r import manifest
-from t2r.outputs import follow_umask, replace_dir
+from t2r.model_dir import staging_dir, write_model_dir
 
 from .disk import disk_full_stops
 
@@ -55,13 +53,11 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     if hasattr(unwrapped, "get_base_model"):  # peft
         state_dict = merged_lora_state_dict(unwrapped, state_dict)
         unwrapped = unwrapped.get_base_model()
-    out, tmp = root / "final", root / ".tmp-final"
-    shutil.rmtree(tmp, ignore_errors=True)
-    with disk_full_stops(tmp, "the final model", "the checkpoints are intact"):
+    def write(tmp: Path) -> None:
         unwrapped.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         write_extra(tmp)
-        follow_umask(tmp)  # safetensors writes model.safetensors 0600
-        manifest.write(tmp)  # last: loading checks every file against it
-    replace_dir(tmp, out)  # a resumed finished run: the earlier final/ stays until this one is in place
-    return out
+
+    out = root / "final"  # a resumed finished run: the earlier final/ stays until this one is in place
+    with disk_full_stops(staging_dir(out), "the final model", "the checkpoints are intact"):
+        return write_model_dir(out, write)

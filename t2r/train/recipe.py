@@ -19,7 +19,7 @@ import yaml
 
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
-from t2r.eval.suite import EvalSettings
+from t2r.eval.settings import EvalSettings
 from t2r.layers import MIXERS
 from t2r.ranking import CRITERIA as RANK_CRITERIA
 from t2r.ranking import SWEEPS as RANK_SWEEPS

@@ -79,3 +79,24 @@ def test_help_and_version_import_nothing_heavy(tmp_path):
     from importlib.metadata import version
 
     assert (done.returncode, done.stdout) == (0, f"t2r {version('t2r')}\n")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["finetune", "--config", "RECIPE", "train.lr=-1"], "train.lr: must be > 0, got -1.0"),
+    (["run", "--config", "RECIPE", "train.bogus=1"], "train.bogus: unknown field"),
+    (["finetune", "--config", "missing.yaml"], "recipe file 'missing.yaml' does not exist"),
+    (["finetune", "--config", "RECIPE", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_bad_recipe_flag_or_file_is_answered_without_torch(tmp_path, args, says):
+    """The recipe is read and checked before any library loads: no torch, transformers or accelerate import in
+    the process (`python -X importtime` lists every import), and the answer comes in well under 2 s."""
+    recipe = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "smollm2-gsa-cpu.yaml")
+    args = [os.path.realpath(recipe) if a == "RECIPE" else a for a in args]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "t2r.cli", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    seconds = time.perf_counter() - start
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert not imported & {"torch", "transformers", "accelerate", "datasets"}, sorted(imported)[:50]
+    assert seconds < 2 * (1 + 2 * (os.getloadavg()[0] > 2)), seconds  # 0.3 s on 2 idle cores

@@ -6,6 +6,7 @@ import shlex
 import shutil
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from t2r.cli import main
@@ -124,3 +125,36 @@ def test_overwrite_replaces_only_what_t2r_wrote(tmp_path, capsys):
     (tmp_path / "out" / "notes.md").write_text("mine")  # added later: not t2r's
     assert main(args) == 2 and "(notes.md)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no half copy left beside it
+
+
+def test_the_library_saves_what_the_command_line_saves(tmp_path):
+    """`t2r.save_converted` after `t2r.convert` writes the directory `t2r convert` writes: the same files
+    (weights, config, tokenizer, conversion record, model card, manifest), the same weights and config; only
+    the command each names differs. Both load, checked against their manifest."""
+    from safetensors.torch import load_file
+
+    import t2r
+    from t2r import manifest
+    from t2r.sources import load_source
+
+    save_tiny_source(tmp_path / "src")
+    cli = tmp_path / "cli"
+    torch.manual_seed(0)  # the new gates' random start, the same for both
+    assert main(["convert", "--model", str(tmp_path / "src"), "--to", "gsa", "--num-slots", "4", "--out", str(cli),
+                 "--device", "cpu"]) == 0
+    source, tokenizer = load_source(str(tmp_path / "src"))
+    torch.manual_seed(0)
+    model = t2r.convert(source, "gsa", num_slots=4, source=str(tmp_path / "src"))
+    python = t2r.save_converted(model, tokenizer, tmp_path / "python", source=str(tmp_path / "src"), target="gsa")
+    assert sorted(p.name for p in python.iterdir()) == sorted(p.name for p in cli.iterdir())
+    assert json.loads((python / "config.json").read_text()) == json.loads((cli / "config.json").read_text())
+    ours, theirs = load_file(python / "model.safetensors"), load_file(cli / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    records = [json.loads((d / "t2r_conversion.json").read_text()) for d in (python, cli)]
+    assert [{k: v for k, v in r.items() if k not in ("converted_by", "command")} for r in records] == \
+        [{"source": str(tmp_path / "src"), "target": "gsa", "trained": False}] * 2
+    assert "freshly converted" in (python / "README.md").read_text()
+    for directory in (python, cli):
+        assert manifest.verify_model_dir(directory)
+        assert AutoModelForCausalLM.from_pretrained(directory).config.t2r_mixers == ["gsa"] * 3
+        assert not (directory.parent / f".tmp-{directory.name}").exists()

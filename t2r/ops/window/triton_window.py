@@ -40,6 +40,35 @@ def _visible_band(offs_q, offs_k, pos_q, pos_k, real_k, T, WINDOW: tl.constexpr,
 
 
 @triton.jit
+def _query_block(i_t, i_bh, T, HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                 BQ: tl.constexpr):
+    """A program's query block: (query head, its kv head, the row's first stream index, query indices and
+    mask, feature indices and mask)."""
+    i_b, i_hq = i_bh // HQ, i_bh % HQ
+    offs_q = i_t * BQ + tl.arange(0, BQ)
+    offs_d = tl.arange(0, BD)
+    return i_hq, i_hq // (HQ // H), i_b * T, offs_q, offs_q < T, offs_d, offs_d < D
+
+
+@triton.jit
+def _key_tile(K, V, POS, REAL, row, s0, i_h, offs_d, d_ok, T, H: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr,
+              HAS_REAL: tl.constexpr):
+    """The BQ keys from stream index s0 of kv head i_h: (indices, their k/v offsets and mask, k, v, positions,
+    real flags); keys past T are masked (k = v = 0, position -1)."""
+    offs_k = s0 + tl.arange(0, BQ)
+    k_ok = offs_k < T
+    kv = ((row + offs_k[:, None]) * H + i_h) * D + offs_d[None, :]
+    kv_ok = k_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + kv, mask=kv_ok, other=0.0)
+    v = tl.load(V + kv, mask=kv_ok, other=0.0)
+    pos_k = tl.load(POS + row + offs_k, mask=k_ok, other=-1)
+    real_k = k_ok
+    if HAS_REAL:
+        real_k = tl.load(REAL + row + offs_k, mask=k_ok, other=0) != 0
+    return offs_k, kv, kv_ok, k, v, pos_k, real_k
+
+
+@triton.jit
 def _sink_index(offs_q, pos_q, POS, REAL, row, m, T, WINDOW: tl.constexpr, HAS_REAL: tl.constexpr):
     """(stream index, visible) of query t's m-th document sink when it lies outside t's band."""
     idx = offs_q - pos_q + m
@@ -56,14 +85,8 @@ def _window_fwd_kernel(Q, K, V, POS, REAL, O, LSE, scale, T,
                        HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                        WINDOW: tl.constexpr, SINKS: tl.constexpr, BQ: tl.constexpr, HAS_REAL: tl.constexpr,
                        PRECISION: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_h = i_hq // (HQ // H)
-    row = i_b * T
-    offs_q = i_t * BQ + tl.arange(0, BQ)
-    offs_d = tl.arange(0, BD)
-    d_ok = offs_d < D
-    q_ok = offs_q < T
+    i_t = tl.program_id(0)
+    i_hq, i_h, row, offs_q, q_ok, offs_d, d_ok = _query_block(i_t, tl.program_id(1), T, HQ, H, D, BD, BQ)
     q = tl.load(Q + ((row + offs_q[:, None]) * HQ + i_hq) * D + offs_d[None, :], mask=q_ok[:, None] & d_ok[None, :],
                 other=0.0)
     pos_q = tl.load(POS + row + offs_q, mask=q_ok, other=0)
@@ -72,15 +95,8 @@ def _window_fwd_kernel(Q, K, V, POS, REAL, O, LSE, scale, T,
     acc = tl.zeros([BQ, BD], tl.float32)
     lo = tl.maximum(i_t * BQ - WINDOW + 1, 0) // BQ * BQ
     for s0 in range(lo, i_t * BQ + BQ, BQ):
-        offs_k = s0 + tl.arange(0, BQ)
-        k_ok = offs_k < T
-        kv = ((row + offs_k[:, None]) * H + i_h) * D + offs_d[None, :]
-        k = tl.load(K + kv, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        pos_k = tl.load(POS + row + offs_k, mask=k_ok, other=-1)
-        real_k = k_ok
-        if HAS_REAL:
-            real_k = tl.load(REAL + row + offs_k, mask=k_ok, other=0) != 0
+        offs_k, kv, kv_ok, k, v, pos_k, real_k = _key_tile(K, V, POS, REAL, row, s0, i_h, offs_d, d_ok, T, H, D, BQ,
+                                                           HAS_REAL)
         vis = _visible_band(offs_q, offs_k, pos_q, pos_k, real_k, T, WINDOW, HAS_REAL)
         s = tl.where(vis, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -114,14 +130,8 @@ def _window_dq_kernel(Q, K, V, POS, REAL, DO, LSE, DELTA, DQ, DK_SINK, DV_SINK, 
                       HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                       WINDOW: tl.constexpr, SINKS: tl.constexpr, BQ: tl.constexpr, HAS_REAL: tl.constexpr,
                       PRECISION: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_h = i_hq // (HQ // H)
-    row = i_b * T
-    offs_q = i_t * BQ + tl.arange(0, BQ)
-    offs_d = tl.arange(0, BD)
-    d_ok = offs_d < D
-    q_ok = offs_q < T
+    i_t = tl.program_id(0)
+    i_hq, i_h, row, offs_q, q_ok, offs_d, d_ok = _query_block(i_t, tl.program_id(1), T, HQ, H, D, BD, BQ)
     qo = ((row + offs_q[:, None]) * HQ + i_hq) * D + offs_d[None, :]
     q = tl.load(Q + qo, mask=q_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + qo, mask=q_ok[:, None] & d_ok[None, :], other=0.0)
@@ -131,15 +141,8 @@ def _window_dq_kernel(Q, K, V, POS, REAL, DO, LSE, DELTA, DQ, DK_SINK, DV_SINK, 
     dq = tl.zeros([BQ, BD], tl.float32)
     lo = tl.maximum(i_t * BQ - WINDOW + 1, 0) // BQ * BQ
     for s0 in range(lo, i_t * BQ + BQ, BQ):
-        offs_k = s0 + tl.arange(0, BQ)
-        k_ok = offs_k < T
-        kv = ((row + offs_k[:, None]) * H + i_h) * D + offs_d[None, :]
-        k = tl.load(K + kv, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        pos_k = tl.load(POS + row + offs_k, mask=k_ok, other=-1)
-        real_k = k_ok
-        if HAS_REAL:
-            real_k = tl.load(REAL + row + offs_k, mask=k_ok, other=0) != 0
+        offs_k, kv, kv_ok, k, v, pos_k, real_k = _key_tile(K, V, POS, REAL, row, s0, i_h, offs_d, d_ok, T, H, D, BQ,
+                                                           HAS_REAL)
         vis = _visible_band(offs_q, offs_k, pos_q, pos_k, real_k, T, WINDOW, HAS_REAL)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
@@ -171,18 +174,10 @@ def _window_dkv_kernel(Q, K, V, POS, REAL, DO, LSE, DELTA, DK, DV, DK_SINK, DV_S
     i_b, i_h = i_bh // H, i_bh % H
     group = HQ // H
     row = i_b * T
-    offs_k = i_s * BQ + tl.arange(0, BQ)
     offs_d = tl.arange(0, BD)
     d_ok = offs_d < D
-    k_ok = offs_k < T
-    kv = ((row + offs_k[:, None]) * H + i_h) * D + offs_d[None, :]
-    kv_ok = k_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + kv, mask=kv_ok, other=0.0)
-    v = tl.load(V + kv, mask=kv_ok, other=0.0)
-    pos_k = tl.load(POS + row + offs_k, mask=k_ok, other=-1)
-    real_k = k_ok
-    if HAS_REAL:
-        real_k = tl.load(REAL + row + offs_k, mask=k_ok, other=0) != 0
+    offs_k, kv, kv_ok, k, v, pos_k, real_k = _key_tile(K, V, POS, REAL, row, i_s * BQ, i_h, offs_d, d_ok, T, H, D, BQ,
+                                                       HAS_REAL)
     dk = tl.zeros([BQ, BD], tl.float32)
     dv = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(i_s * BQ + BQ + WINDOW - 1, T)  # the last query whose band reaches this block, + 1
