@@ -24,8 +24,8 @@ def loaded_recipe(args):
 
 def run_finetune(args) -> int:
     recipe = loaded_recipe(args)  # validated before anything loads (or imports torch)
-    check_recipe_data(recipe)
     if args.dry_run:
+        check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
         return 0
     from accelerate import PartialState
@@ -107,10 +107,10 @@ def run_run(args) -> int:
     from t2r.eval.settings import HELD_OUT, EvalSettings
 
     recipe = loaded_recipe(args)  # the eval section is validated here too (no torch yet)
-    check_recipe_data(recipe)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
     if args.dry_run:
+        check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
         return 0
@@ -186,8 +186,9 @@ def release_host_memory() -> None:
 
 
 def check_recipe_data(recipe) -> None:
-    """The data checks of `finetune`, before anything loads (and in --dry-run): the first documents of every
-    local file, then, when the tokenizer is a local directory, one packed row of each part."""
+    """The data checks of `finetune` for `--dry-run`, which loads nothing: the first documents of every local
+    file, then, when the tokenizer is a local directory, one packed row of each part. A real run leaves them to
+    `finetune`, which makes them once, before the model loads."""
     from t2r.data.check import check_files, check_rows
     from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
