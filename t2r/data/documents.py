@@ -52,6 +52,8 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
         builder, files = local_files(path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         streaming = bool(cfg.streaming)
+        if not streaming:  # datasets caches a local file's parse under its path, size and mtime: a file rewritten
+            kwargs["name"] = content_key(cfg)  # with its mtime kept would read as the old one; key it on content
         try:
             dataset = load_dataset(builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs)
         except (ImportError, FileNotFoundError):
@@ -65,6 +67,17 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
     if columns is not None and cfg.text_field not in columns:
         raise ValueError(_missing_field(cfg, columns))
     return dataset
+
+
+def content_key(cfg: DataConfig) -> str:
+    """A name for `datasets`' cache of `cfg`'s local files that changes with their content (their fingerprints,
+    `t2r.data.fingerprint`: SHA-256 of each file, sampled above 1 GiB)."""
+    import hashlib
+    import json
+
+    from .fingerprint import fingerprint
+
+    return "t2r-" + hashlib.sha256(json.dumps(fingerprint(cfg), sort_keys=True).encode()).hexdigest()[:20]
 
 
 def load_dataset(*args, **kwargs):

@@ -56,5 +56,8 @@ def evaluate_loss(model, loader: Iterable, max_batches: int = 50) -> float:
 
 def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1) -> float:
     """Mean next-token loss on the recipe's held-out documents (`data.held_out`), packed as in training."""
+    from t2r.models.packed_attention import packed_attention
+
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, rank, world, epochs=1)
-    return evaluate_loss(model, batches)
+    with packed_attention(model):  # packed rows' softmax layers by varlen FlashAttention on CUDA, as in training
+        return evaluate_loss(model, batches)

@@ -152,3 +152,21 @@ def test_a_bad_row_deep_in_a_file_names_the_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"deep.jsonl, line 301: field 'text' holds int, not text: fix or delete the "
                                         r"line, or set data.text_field to a field of strings"):
         docs(path)
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_kept_is_read_anew(tmp_path, monkeypatch):
+    """`datasets` caches a local file's parse by path, size and mtime; `cp -p`, `touch -r` or rsync keep the last
+    two, and the old documents came back. The cache is keyed on the content now."""
+    import os
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"text": "first version"}\n{"text": "second line A"}\n')
+    stat = path.stat()
+    before = list(load_documents(DataConfig(path=str(path)), seed=0))
+    path.write_text('{"text": "first VERSION"}\n{"text": "second line B"}\n')  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    after = list(load_documents(DataConfig(path=str(path)), seed=0))
+    assert sorted(before) == ["first version", "second line A"]
+    assert sorted(after) == ["first VERSION", "second line B"]
