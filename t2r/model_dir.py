@@ -28,10 +28,11 @@ def staging_dir(out) -> Path:
 
 
 def write_model_dir(out, write: Callable[[Path], None], *, made_by: str | None = None, location=None,
-                    started: bool = False) -> Path:
+                    started: bool = False, training: dict | None = None) -> Path:
     """Write the model directory `out` atomically: `write(tmp)` fills `staging_dir(out)` (emptied first, unless
     `started`: the caller already put files there); then the model card (with `made_by`, the command or call
-    that made it), the umask's file modes and the manifest; then it replaces `out`. Returns `out`."""
+    that made it, and `training`, what the model card says of its training), the umask's file modes and the
+    manifest; then it replaces `out`. Returns `out`."""
     from t2r.models.model_card import write_model_card
 
     out, tmp = Path(out), staging_dir(out)
@@ -40,7 +41,7 @@ def write_model_dir(out, write: Callable[[Path], None], *, made_by: str | None =
     tmp.mkdir(parents=True, exist_ok=True)
     write(tmp)
     if made_by is not None:
-        write_model_card(tmp, made_by, location=location or out)
+        write_model_card(tmp, made_by, training, location=location or out)
     follow_umask(tmp)  # safetensors writes model.safetensors 0600
     manifest.write(tmp)  # last: loading checks every file against it
     replace_dir(tmp, out)

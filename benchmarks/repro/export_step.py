@@ -1,8 +1,8 @@
-"""Write a run's newest checkpoint out as a model directory (`<run>/final`), for a run cut short before its
-end (a device session that ran out): the model is rebuilt from the run's resolved recipe (same conversion and
-layer ranking, read back from `<run>/layer_ranking`) and given the checkpoint's weights, every tensor checked.
+"""Write a run's newest checkpoint out as `<run>/final`, for a run cut short before its end (a device session
+that ran out): `t2r export` (`t2r.train.export.export_checkpoint`) with the output the earlier results name.
 
     python benchmarks/repro/export_step.py runs/smollm2-gdn-hybrid [--step step-00000180-distill]
+    t2r export runs/smollm2-gdn-hybrid --out runs/smollm2-gdn-hybrid/final        # the same
 """
 
 from __future__ import annotations
@@ -10,30 +10,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--step", default=None, help="checkpoint directory name (default: the newest)")
     args = parser.parse_args()
-    from t2r.train.model_setup import build_model
-    from t2r.train.recipe import load_recipe
+    from t2r.train.export import export_checkpoint
 
     step = args.run / args.step if args.step else sorted(args.run.glob("step-*"))[-1]
-    out = args.run / "final"
-    if out.exists():
-        raise SystemExit(f"{out} exists: a finished run's model is never replaced")
-    recipe = load_recipe(args.run / "recipe.yaml")
-    model, tokenizer, _ = build_model(recipe)
-    missing, unexpected = model.load_state_dict(load_file(step / "model.safetensors"), strict=False)
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise SystemExit(f"{step}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    print(f"{step} -> {out}")
+    print(f"{step} -> {export_checkpoint(step, args.run / 'final', made_by='benchmarks/repro/export_step.py')}")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ from t2r.cli.convert import run_convert, run_rank_layers
 from t2r.cli.evaluate import run_bench, run_eval
 from t2r.cli.generate import run_generate
 from t2r.cli.parser import build_parser
-from t2r.cli.train import run_finetune, run_run
+from t2r.cli.train import run_export, run_finetune, run_run
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
-                "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers}
+                "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers,
+                "export": run_export}
     try:
         if args.command == "cache":
             return run_cache(args)

@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parsers(commands)
 
+    export = commands.add_parser(
+        "export", help="write a step checkpoint of a run cut short as a model directory (a finished run has final/)")
+    export.add_argument("checkpoint", help="a checkpoint directory (runs/x/step-00000180-distill), or a run directory "
+                                           "for its newest intact checkpoint")
+    export.add_argument("--out", default=None, help="the model directory to write (default: <run>/export-<step>)")
     generate = commands.add_parser("generate", help="generate text with a (converted) model")
     add_model_argument(generate, "converted or source model: directory, hub id, file.gguf or 'smollm2'")
     generate.add_argument("--prompt", action="append", required=True, help="repeat for a batch")

@@ -11,6 +11,24 @@ from t2r.paths import offline_if_unreachable
 from t2r.words import counted
 
 
+def run_export(args) -> int:
+    from t2r.paths import check_model_spec
+
+    check_model_spec(args.checkpoint)  # a missing path: named before torch loads
+    from t2r.train import checkpoint as checkpoints
+    from t2r.train.export import export_checkpoint
+
+    given, chosen = Path(args.checkpoint), Path(args.checkpoint)
+    if not (given / checkpoints.STATE_FILE).is_file():  # a run directory: its newest intact checkpoint (only read)
+        intact = [c for c in reversed(checkpoints.checkpoints(given)) if checkpoints.verify(c) is None]
+        if not intact:
+            raise ValueError(f"{given} is neither a checkpoint nor a run directory holding an intact one")
+        chosen = intact[0]
+    out = export_checkpoint(chosen, args.out, made_by=" ".join(["t2r", *sys.argv[1:]]))
+    print(f"{chosen} -> {out}")
+    return 0
+
+
 def loaded_recipe(args):
     """The recipe of `--config` and its overrides, validated: as `t2r.cli.app` loaded it before any library
     (`args.recipe`), or loaded here."""

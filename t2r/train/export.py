@@ -61,3 +61,64 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     out = root / "final"  # a resumed finished run: the earlier final/ stays until this one is in place
     with disk_full_stops(staging_dir(out), "the final model", "the checkpoints are intact"):
         return write_model_dir(out, write)
+
+
+def export_checkpoint(checkpoint, out=None, made_by: str = "t2r.train.export.export_checkpoint") -> Path:
+    """A step checkpoint as a model directory, for a run cut short before its end: the model is rebuilt from the
+    checkpoint's own recipe (the same conversion; an `auto:N` layer choice read back from the run's
+    `layer_ranking/`, never ranked again) and given the checkpoint's weights, every tensor accounted for and
+    finite (LoRA adapters merged, as in `final/`). `out` defaults to `<run>/export-<checkpoint>`; an existing
+    directory is never replaced. Returns the directory."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from t2r.convert.layer_spec import auto_softmax_count
+
+    from . import checkpoint as checkpoints
+    from .errors import CheckpointError
+    from .model_setup import build_model
+    from .recipe import load_recipe
+
+    checkpoint = Path(checkpoint)
+    problem = checkpoints.verify(checkpoint)
+    if problem:
+        raise CheckpointError(f"{checkpoint}: {problem}; export another checkpoint of the run")
+    weights = checkpoint / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{checkpoint} holds no model.safetensors (a sharded FSDP checkpoint): resume the run on "
+                         "the same processes until it writes final/")
+    out = Path(out) if out is not None else checkpoint.parent / f"export-{checkpoint.name}"
+    if out.exists():
+        raise ValueError(f"{out} exists: give another --out (an export never replaces a model directory)")
+    recipe = load_recipe(checkpoint / "recipe.yaml", check_files=False)
+    recipe = replace(recipe, checkpoint=replace(recipe.checkpoint, dir=str(checkpoint.parent)))
+    if auto_softmax_count(recipe.convert.layers) is not None and not (
+            checkpoint.parent / "layer_ranking" / "ranking.json").is_file():
+        raise ValueError(f"{checkpoint.parent}/layer_ranking/ranking.json is missing: the run chose its softmax "
+                         f"layers by it (convert.layers={recipe.convert.layers}); ranking again could choose others")
+    model, tokenizer, _ = build_model(replace(recipe, stages=recipe.stage_list[-1:]))
+    state = load_file(weights)
+    expected = set(model.state_dict())
+    tied = {key for key in expected if key.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()
+    missing, unexpected = expected - set(state) - tied, set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(f"{weights} does not fit the recipe's model: missing {sorted(missing)[:5]}, "
+                              f"unexpected {sorted(unexpected)[:5]}")
+    if hasattr(model, "get_base_model"):  # peft: the adapters merged into the weights, as in final/
+        state, model = merged_lora_state_dict(model, state), model.get_base_model()
+    else:
+        model.load_state_dict(state, strict=False)
+        state = None  # save_pretrained takes the model's own (tied weights as transformers saves them)
+    if not all(bool(torch.isfinite(t).all()) for t in (state.values() if state is not None else model.parameters())):
+        raise CheckpointError(f"{weights} holds non-finite weights: export an earlier checkpoint")
+    step = checkpoints.read_state(checkpoint)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, state_dict=state)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "recipe.yaml").write_bytes((checkpoint / "recipe.yaml").read_bytes())
+
+    training = {"recipe": recipe.name, "stages": [s.name for s in recipe.stage_list], "steps": step.get("step"),
+                "tokens": step.get("tokens"), "data": recipe.data.path, "held_out_loss": None}
+    return write_model_dir(out, write, made_by=made_by, training=training)
