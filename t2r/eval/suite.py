@@ -134,11 +134,6 @@ def check_length_limits(limits: dict[str, int | None], settings: EvalSettings) -
                                  f"(max_position_embeddings); lower the length")
 
 
-def long_text_data(settings: EvalSettings, out_dir) -> DataConfig:
-    """The (first) held-out text: `settings.data`, or generated long documents written to `out_dir`."""
-    return held_out_texts(settings, out_dir)[0][1]
-
-
 def held_out_texts(settings: EvalSettings, out_dir, data: DataConfig | None = None) -> list[tuple[str, DataConfig]]:
     """(label, data) of every held-out text perplexity and KL are scored on: `data` when given (a recipe's own
     held-out documents), else each of `settings.data`'s texts, else generated long documents written to
@@ -240,7 +235,8 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
         if pending:
             report.write(results, out_dir, with_plots=False)
 
-    texts = held_out_texts(settings, out_dir, data)
+    # generated documents are written only when perplexity or KL reads them
+    texts = held_out_texts(settings, out_dir, data) if {"ppl", "kl"} & set(settings.suites) else []
     rows_of = {}  # label -> the token rows of that text, shared by ppl and kl
 
     def rows(label: str, config: DataConfig) -> torch.Tensor:
@@ -248,6 +244,11 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
             rows_of[label] = perplexity.token_rows(config, tokenizer, settings.ppl_length, settings.ppl_rows,
                                                    settings.seed if data_seed is None else data_seed, settings.pack)
         return rows_of[label]
+
+    def with_roles(scored: list[dict]) -> list[dict]:
+        """Each contender's scores with its role and window, as the report and the frontier read them."""
+        return [{**r, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
+                for r, c in zip(scored, found)]
 
     def text_section(index: int, label: str, config: DataConfig, key: str, section: dict) -> None:
         """The first text's sections at the top level (`results["perplexity"]`, `results["kl"]`), the others'
@@ -268,19 +269,14 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                          + (f" of each of {len(texts)} texts" if len(texts) > 1 else ""), [c.name for c in found])
         for index, (label, config) in enumerate(texts):
             scored = perplexity.position_perplexity(found, rows(label, config), settings.batch_size, cache=cache)
-            text_section(index, label, config, "perplexity", {
-                "results": [{**r.to_dict(), "role": c.role, "window": c.window,
-                             "sinks": c.sinks if c.window else None} for r, c in zip(scored, found)]})
+            text_section(index, label, config, "perplexity", {"results": with_roles([r.to_dict() for r in scored])})
         measured("ppl", start)
     if "kl" in settings.suites:
         reference = next((c for c in found if c.role == "baseline"), None)
         start = starting("kl", f"KL to {baseline_name} by position, on the perplexity rows", [c.name for c in found])
         for index, (label, config) in enumerate(texts):
             scored = divergence.position_kl(found, reference, rows(label, config), settings.batch_size, cache=cache)
-            text_section(index, label, config, "kl", {
-                "reference": reference.name,
-                "results": [{**r, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
-                            for r, c in zip(scored, found)]})
+            text_section(index, label, config, "kl", {"reference": reference.name, "results": with_roles(scored)})
         measured("kl", start)
     if "mqar" in settings.suites:
         pairs = ",".join(map(str, settings.mqar_pairs))

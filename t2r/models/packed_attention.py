@@ -49,15 +49,16 @@ def reference_packed_attention(q, k, v, cu_seqlens, scale: float) -> torch.Tenso
     return out
 
 
-def can_run(q: torch.Tensor) -> bool:
-    """Whether the varlen kernels take these queries (CUDA, bf16 / fp16, a torch that has them)."""
-    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen() is not None
+def can_run(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the varlen kernels take queries of this device and dtype (CUDA, bf16 / fp16, a torch that has
+    them)."""
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None
 
 
 def packed_causal_attention(q, k, v, cu_seqlens, max_length: int, scale: float) -> torch.Tensor:
     """Causal softmax attention inside each document of a packed sequence: q `[N, HQ, D]`, k/v `[N, H, D]`,
     cu_seqlens `[docs + 1]` (int, starts then N), max_length the longest document -> `[N, HQ, D]`."""
-    if not can_run(q):
+    if not can_run(q.device, q.dtype):
         return reference_packed_attention(q, k, v, cu_seqlens, scale)
     varlen_attn, params = _varlen()
     kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
@@ -119,10 +120,9 @@ def packed_attention(*models, device: torch.device | str | None = None):
     models = [m for m in models if m is not None]
     first = next((p for m in models for p in m.parameters()), None)
     device = torch.device(device) if device is not None else (first.device if first is not None else None)
-    probe = torch.empty(0, device=device, dtype=torch.bfloat16) if device is not None else None
     configs = [c for c in (_config(m) for m in models)
                if c is not None and getattr(c, "_attn_implementation", None) in ("sdpa", "eager")]
-    if probe is None or not can_run(probe) or not configs:
+    if device is None or not can_run(device, torch.bfloat16) or not configs:
         yield
         return
     name = register()

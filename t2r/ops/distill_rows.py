@@ -25,6 +25,21 @@ BLOCK_V = 2048
 
 
 @triton.jit
+def _online_lse(m, l, x):
+    """One block of x into per-lane running maxima m and sums l of exp(x - m) (lanes that saw only -inf: 0)."""
+    m_new = tl.maximum(m, x)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, l * tl.exp(m - m_safe) + tl.exp(x - m_safe)
+
+
+@triton.jit
+def _lse(m, l):
+    """logsumexp over the lanes of `_online_lse`'s state."""
+    big = tl.max(m, 0)
+    return big + tl.log(tl.sum(l * tl.exp(m - big), 0))
+
+
+@triton.jit
 def _distill_rows_kernel(S, U, Y, ROW_KL, ROW_CE, V, stride, inv_t, kl_scale, ce_scale, ignore_index,
                          HAS_LABELS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -42,30 +57,16 @@ def _distill_rows_kernel(S, U, Y, ROW_KL, ROW_CE, V, stride, inv_t, kl_scale, ce
         ok = cols < V
         s = tl.load(s_row + cols, mask=ok, other=float("-inf")).to(tl.float32)
         u = tl.load(u_row + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        x = s * inv_t
-        m_new = tl.maximum(m_q, x)
-        l_q = l_q * tl.exp(m_q - tl.where(m_new == float("-inf"), 0.0, m_new)) + tl.exp(x - tl.where(
-            m_new == float("-inf"), 0.0, m_new))
-        m_q = m_new
-        x = u * inv_t
-        m_new = tl.maximum(m_p, x)
-        l_p = l_p * tl.exp(m_p - tl.where(m_new == float("-inf"), 0.0, m_new)) + tl.exp(x - tl.where(
-            m_new == float("-inf"), 0.0, m_new))
-        m_p = m_new
+        m_q, l_q = _online_lse(m_q, l_q, s * inv_t)
+        m_p, l_p = _online_lse(m_p, l_p, u * inv_t)
         if HAS_LABELS:
-            m_new = tl.maximum(m_c, s)
-            l_c = l_c * tl.exp(m_c - tl.where(m_new == float("-inf"), 0.0, m_new)) + tl.exp(s - tl.where(
-                m_new == float("-inf"), 0.0, m_new))
-            m_c = m_new
-    big = tl.max(m_q, 0)
-    lse_q = big + tl.log(tl.sum(l_q * tl.exp(m_q - big), 0))
-    big = tl.max(m_p, 0)
-    lse_p = big + tl.log(tl.sum(l_p * tl.exp(m_p - big), 0))
+            m_c, l_c = _online_lse(m_c, l_c, s)
+    lse_q = _lse(m_q, l_q)
+    lse_p = _lse(m_p, l_p)
     lse_c = 0.0
     y = -1
     if HAS_LABELS:
-        big = tl.max(m_c, 0)
-        lse_c = big + tl.log(tl.sum(l_c * tl.exp(m_c - big), 0))
+        lse_c = _lse(m_c, l_c)
         y = tl.load(Y + row).to(tl.int32)
         valid = y != ignore_index
         s_y = tl.load(s_row + tl.where(valid, y, 0)).to(tl.float32)
