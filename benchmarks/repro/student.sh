@@ -11,26 +11,34 @@
 #        the source on 64 rows of held-out documents, of each staged text; MQAR, passkey to 2K, the local tasks)
 #        and at 8K (perplexity and KL on 16 packed rows of 8192 tokens, passkey at 4K and 8K)
 #   bash benchmarks/repro/student.sh pack NAME     # runs/NAME without weights -> $OUT/NAME.tgz
+#
+# NAME is a recipe of recipes/frontier/ (run dir runs/NAME) or a path under recipes/ such as repro/smollm2-gsa
+# (run dir runs/repro/smollm2-gsa, as those recipes' checkpoint.dir says); logs are $OUT/<NAME, / as ->-train.log.
+# Students side by side on one host: CUDA_VISIBLE_DEVICES=i for each.
 set -u
 what=$1 name=$2
 shift 2
+recipe=recipes/frontier/$name.yaml
+[ -f "$recipe" ] || recipe=recipes/$name.yaml
+[ -f "$recipe" ] || { echo "student.sh: no recipe recipes/frontier/$name.yaml or recipes/$name.yaml"; exit 2; }
 run=runs/$name
 out=${OUT:-/tmp}
+tag=${name//\//-}
 case $what in
 train)
     seconds=$1; shift
     resume=(); [ -n "$(ls -d "$run"/step-* 2>/dev/null)" ] && resume=(--resume)
-    trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$name-stacks.txt")
+    trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$tag-stacks.txt")
     if [ ${#trace[@]} -gt 0 ]; then
         timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
-            finetune --config "recipes/frontier/$name.yaml" "$@" >> "$out/$name-train.log" 2>&1
+            finetune --config "$recipe" "$@" >> "$out/$tag-train.log" 2>&1
     else
-        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "recipes/frontier/$name.yaml" "$@" \
-            "${resume[@]}" >> "$out/$name-train.log" 2>&1
+        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "$recipe" "$@" \
+            "${resume[@]}" >> "$out/$tag-train.log" 2>&1
     fi
     rc=$?
-    echo "== $name train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$name-train.log" | tail -4
-    [ -d "$run/final" ] && echo "== $name final written"
+    echo "== $tag train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$tag-train.log" | tail -4
+    [ -d "$run/final" ] && echo "== $tag final written"
     ;;
 eval)
     # the corpus's held-out part and, when staged, text of another domain (python -m t2r.data.offline_texts
@@ -42,15 +50,15 @@ eval)
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-2k" --ppl-length 2048 --ppl-rows 64 \
         --suites ppl,kl,mqar,passkey --mqar-pairs 8,32,64,128 --mqar-prompts 16 --passkey-lengths 512,1024,2048 \
         --passkey-prompts 4 --tasks .stage/eval --lm-eval-limit 300 --lm-eval-max-length 2048 "$@" \
-        > "$out/$name-eval-2k.log" 2>&1
-    echo "== $name eval 2K rc $?"; grep -iE "frontier|below|above" "$run/eval-2k/report.md" | head -12
+        > "$out/$tag-eval-2k.log" 2>&1
+    echo "== $tag eval 2K rc $?"; grep -iE "frontier|below|above" "$run/eval-2k/report.md" | head -12
     python3 -m t2r.cli eval "${common[@]}" --out "$run/eval-8k" --ppl-length 8192 --ppl-rows 16 --pack true \
         --suites ppl,kl,passkey --passkey-lengths 4096,8192 --passkey-prompts 4 --batch-size 2 "$@" \
-        > "$out/$name-eval-8k.log" 2>&1
-    echo "== $name eval 8K rc $?"; grep -iE "frontier|below|above" "$run/eval-8k/report.md" | head -12
+        > "$out/$tag-eval-8k.log" 2>&1
+    echo "== $tag eval 8K rc $?"; grep -iE "frontier|below|above" "$run/eval-8k/report.md" | head -12
     ;;
 pack)
-    tar czf "$out/$name.tgz" --exclude=final --exclude='step-*' --exclude='.tmp-*' -C runs "$name" && ls -l "$out/$name.tgz"
+    tar czf "$out/$tag.tgz" --exclude=final --exclude='step-*' --exclude='.tmp-*' -C "$(dirname "$run")" "$(basename "$run")" && ls -l "$out/$tag.tgz"
     ;;
 *) echo "usage: student.sh train|eval|pack NAME ..."; exit 2 ;;
 esac
