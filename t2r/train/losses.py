@@ -10,6 +10,7 @@ computes the KL, and the next-token loss beside it, chunk by chunk over tokens."
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,7 @@ def hidden_states_as_logits(model):
 
 def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
     """batch -> (sum of weight x part, {part: value}) for `stage`; the kl part is T^2 KL(teacher || student),
-    the attention_mse part `targets.mse()` after the teacher's forward filled its hooks. With `fused`, the kl
+    the attention_mse part `targets.mse(...)` after the teacher's forward filled its hooks. With `fused`, the kl
     part (and the next-token part beside it) come from `t2r.train.kl`, chunk by chunk."""
     weights = {name: w for name, w in stage.loss.items() if w}
     t = stage.temperature
@@ -61,6 +62,7 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
 
     def loss(batch: dict):
         parts = {}
+        student_forward = partial(model, **{k: v for k, v in batch.items() if k != "labels"})  # for FSDP's mse
         # a packed batch's softmax layers (the teacher's, the student's kept ones) by varlen FlashAttention
         packed = packed_attention(model, teacher) if "attention_mask" not in batch else contextlib.nullcontext()
         for key in ("cu_seq_lens_q", "cu_seq_lens_k"):  # compiled layers: one graph for any number of documents
@@ -70,7 +72,7 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
             if fused and "kl" in weights:
                 parts.update(fused_parts(batch))
                 if targets is not None:  # the teacher's forward above filled the hooks
-                    parts["attention_mse"] = targets.mse()
+                    parts["attention_mse"] = targets.mse(student_forward)
                 total = sum(weights[name] * value for name, value in parts.items())
                 return total, {name: value.detach().float().item() for name, value in parts.items()}
             if "kl" in weights or targets is not None:
@@ -83,7 +85,7 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
                 if "kl" in weights:
                     parts["kl"] = t * t * distill_kl(out.logits, target, t)
             if targets is not None:
-                parts["attention_mse"] = targets.mse()
+                parts["attention_mse"] = targets.mse(student_forward)
         total = sum(weights[name] * value for name, value in parts.items())
         return total, {name: value.detach().float().item() for name, value in parts.items()}
 

@@ -46,7 +46,7 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
     dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else torch_dtype(recipe.model.dtype))
     with part("load"):
         source, tokenizer = load_source(recipe.model.source, dtype=dtype)
-        if device is not None and torch.device(device).type == "cuda" and not loads_on_main_only():
+        if _is_cuda(device) and not loads_on_main_only():
             source.to(device)
     teacher = None
     if recipe.convert.target == "none":
@@ -57,10 +57,13 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
         # dtype would then share them (casting the teacher to another dtype gives it tensors of its own). The
         # calibration is measured on the main process only: under FSDP's RAM-efficient loading the others hold
-        # no weights
+        # no weights, and the main process's stay on the CPU until accelerate shards them, so it moves the source
+        # to its GPU for the measurement and back
+        ranking_device = device if _is_cuda(device) and loads_on_main_only() else None
+
         def measure(fn):
             with part("calibration"):
-                return from_main_process(fn)
+                return from_main_process(fn and (lambda: measured_on(source, ranking_device, fn)))
 
         with part("convert"):
             model = calibrated_convert(
@@ -79,6 +82,22 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         if teacher is not None:
             compile_layers(teacher)
     return select_trainable(model, recipe), tokenizer, teacher
+
+
+def _is_cuda(device) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def measured_on(module: nn.Module, device, fn):
+    """`fn()` with `module` on `device` (None: where it is), moved back to where it was afterwards."""
+    if device is None:
+        return fn()
+    home = next(module.parameters()).device
+    module.to(device)
+    try:
+        return fn()
+    finally:
+        module.to(home)
 
 
 def _distributed() -> bool:

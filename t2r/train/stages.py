@@ -34,7 +34,7 @@ from .model_setup import build_model, place_teacher, select_trainable, trainable
 from .schedule import lr_factor
 from .startup import StartupClock
 from .steps import Steps, train_steps
-from .transfer import AttentionTargets
+from .transfer import AttentionTargets, shard_apart
 
 
 def describe(recipe) -> str:
@@ -111,6 +111,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
         for p in model.parameters():
             p.requires_grad_(id(p) in union)
     params = stage_parameters(model, recipe, plan[index][0], exact)
+    if _sharded(accelerator) and any(stage.loss.get("attention_mse") for stage in todo):
+        shard_apart(model)
     with clock.part("prepare"):
         model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train))
         if teacher is not None:
@@ -149,13 +151,17 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
     return model, tokenizer, state, metrics, history
 
 
-def _fusable(accelerator, model) -> bool:
-    """Whether the fused KL can read the output head's weight: not sharded (FSDP), no logit soft-capping."""
+def _sharded(accelerator) -> bool:
+    """Whether the model's weights are sharded (FSDP): gathered only inside the wrapped model's forward."""
     from accelerate.utils import DistributedType
 
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def _fusable(accelerator, model) -> bool:
+    """Whether the fused KL can read the output head's weight: not sharded (FSDP), no logit soft-capping."""
     config = getattr(model, "config", None)
-    return (accelerator.distributed_type != DistributedType.FSDP
-            and not getattr(config, "final_logit_softcapping", None))
+    return not _sharded(accelerator) and not getattr(config, "final_logit_softcapping", None)
 
 
 def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, optimizer, state, history, callbacks,
@@ -173,7 +179,9 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     batches = micro_batches(partial(packed_loader, data_view, tokenizer, "train"), accelerator.device,
                             accelerator.process_index, world, skip=skip)
     unwrapped = accelerator.unwrap_model(model)
-    targets = AttentionTargets(unwrapped, teacher) if stage.loss.get("attention_mse") else None
+    sharded = _sharded(accelerator)
+    targets = (AttentionTargets(unwrapped, teacher, through_forward=sharded) if stage.loss.get("attention_mse")
+               else None)
     n_train, n_total = sum(p.numel() for p in params), trainable_parameters(unwrapped)[1]
     accelerator.print(f"stage {i + 1}/{len(recipe.stage_list)} {stage.name}: {counted(steps, 'step')} from step "
                       f"{state['step'] - first}, lr {stage.lr:g} ({stage.schedule}, warmup {stage.warmup_steps}), loss "
@@ -183,8 +191,9 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
                       f"x {stage.seq_len} tokens x {counted(world, 'process')} per step")
     lr_at = partial(lr_factor, warmup_steps=stage.warmup_steps, total_steps=steps, schedule=stage.schedule,
                     min_lr_ratio=stage.min_lr_ratio)
-    # attention MSE alone never runs the wrapped model's forward, so data-parallel gradients are averaged by hand
-    manual_sync = world > 1 and not (stage.loss.get("next_token") or stage.loss.get("kl"))
+    # attention MSE alone never runs the wrapped model's forward (except under FSDP), so data-parallel gradients
+    # are averaged by hand
+    manual_sync = world > 1 and not sharded and not (stage.loss.get("next_token") or stage.loss.get("kl"))
     fused = recipe.train.fused_kl and _fusable(accelerator, unwrapped)
     run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast, fused), optimizer, params,
                 stage.lr, lr_at, batches, first=first, stage=stage.name if named else None,

@@ -6,7 +6,8 @@ source model's own hidden states. All layers train at once and independently:
 
 where x_l is the input of layer l's attention in the (frozen) source model, captured by a forward hook.
 Which parameters move is the stage's `trainable` (attention: q/k/v/o and the gates; gates: only what
-conversion added).
+conversion added). Each student_l is called directly; under FSDP, which gathers a layer's sharded weights only in
+a forward of the wrapped model, the student's own forward runs instead, each converted attention fed x_l.
 """
 
 from __future__ import annotations
@@ -37,15 +38,26 @@ def _decoder_layers(model: nn.Module):
     raise ValueError(f"{type(model).__name__}: no decoder layers found")
 
 
+def shard_apart(model: nn.Module) -> None:
+    """Under FSDP, each converted attention module a unit of its own as well as its decoder layer (accelerate
+    wraps the classes `_no_split_modules` names): the attention_mse loss reaches an attention through its output
+    alone, never its decoder layer's, and FSDP gathers a unit's weights for the backward from its outputs."""
+    names = sorted({type(m).__name__ for m in model.modules() if isinstance(m, ConvertedAttention)})
+    kept = list(getattr(model, "_no_split_modules", None) or [])
+    model._no_split_modules = kept + [name for name in names if name not in kept]
+
+
 class AttentionTargets:
     """Forward hooks on the teacher's source attention layers: after each teacher forward, `mse()` is the
     mean over converted layers of MSE(student_l(x_l), teacher_l(x_l)) on what the hooks kept (x_l, the
-    layer's input in the teacher, and its output). `close()` removes the hooks."""
+    layer's input in the teacher, and its output). `close()` removes the hooks. With `through_forward`, `mse`
+    takes a call of the whole student and reads student_l(x_l) inside it (FSDP)."""
 
-    def __init__(self, student: nn.Module, teacher: nn.Module, pairs=None):
+    def __init__(self, student: nn.Module, teacher: nn.Module, pairs=None, through_forward: bool = False):
         self.pairs = pairs if pairs is not None else layer_pairs(student, teacher)
         if not self.pairs:
             raise ValueError("attention_mse: the model has no converted layers")
+        self.through_forward = through_forward
         self.captured: dict[int, tuple[dict, torch.Tensor]] = {}
         self.handles = [t.register_forward_hook(self._capture(i), with_kwargs=True) for i, _, t in self.pairs]
 
@@ -55,13 +67,45 @@ class AttentionTargets:
                                     output[0])
         return hook
 
-    def mse(self) -> torch.Tensor:
-        loss = 0.0
-        for index, student_attention, _ in self.pairs:
-            kwargs, target = self.captured[index]
-            out, _ = student_attention(kwargs["hidden_states"], attention_mask=None,
-                                       **{k: kwargs[k] for k in _PASSED if k in kwargs})
-            loss = loss + F.mse_loss(out.float(), target.float())
+    def _inputs(self, index: int) -> dict:
+        """The keyword arguments student_l gets: x_l and the teacher's positions (the softmax mask and the KV
+        cache stay with the teacher)."""
+        kwargs = self.captured[index][0]
+        return {"hidden_states": kwargs["hidden_states"], "attention_mask": None,
+                **{k: kwargs[k] for k in _PASSED if k in kwargs}}
+
+    def _direct(self) -> dict[int, torch.Tensor]:
+        return {index: attention(**self._inputs(index))[0] for index, attention, _ in self.pairs}
+
+    def _through(self, student_forward) -> dict[int, torch.Tensor]:
+        """student_l(x_l) of every converted layer, read inside `student_forward()`: a pre-hook swaps each
+        converted attention's inputs for the teacher's, a hook keeps its output."""
+        outputs, handles = {}, []
+
+        def feed(index):
+            return lambda module, args, kwargs: ((), {**{k: v for k, v in kwargs.items() if k != "hidden_states"},
+                                                      **self._inputs(index)})
+
+        def keep(index):
+            def hook(module, args, kwargs, output):
+                outputs[index] = output[0]
+            return hook
+
+        for index, attention, _ in self.pairs:
+            handles.append(attention.register_forward_pre_hook(feed(index), with_kwargs=True))
+            handles.append(attention.register_forward_hook(keep(index), with_kwargs=True))
+        try:
+            student_forward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return outputs
+
+    def mse(self, student_forward=None) -> torch.Tensor:
+        """The mean MSE over converted layers; `student_forward` (a call of the whole student) is used when
+        `through_forward` is set."""
+        outputs = self._through(student_forward) if self.through_forward else self._direct()
+        loss = sum(F.mse_loss(outputs[index].float(), self.captured[index][1].float()) for index, _, _ in self.pairs)
         self.captured.clear()
         return loss / len(self.pairs)
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import t2r
+from tests.helpers.models import tiny_source
 from tests.helpers.recipes import torchrun_failure
-from tests.train import fsdp_worker
+from tests.train import align_fsdp_worker, fsdp_worker
 
 
 def test_fully_sharded_training_equals_one_process(tmp_path):
@@ -28,6 +30,29 @@ def test_fully_sharded_training_equals_one_process(tmp_path):
         for key in one:  # rounding only: the reduction runs in another order
             torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5, msg=f"{name}: {key}")
 
+
+def test_attention_transfer_under_fsdp_equals_one_process(tmp_path):
+    """The align stage's loss under FSDP2 (each converted attention read inside the student's forward, where its
+    sharded weights are gathered) trains to the weights of one process calling each attention directly, and on
+    one process the two ways of reading the attention agree."""
+    for mode in ("direct", "through"):
+        align_fsdp_worker.main(str(tmp_path), mode)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29535",
+           "-m", "tests.train.align_fsdp_worker", str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(torchrun_failure(done.stderr))
+    for name, options in align_fsdp_worker.CASES.items():
+        direct = load_file(tmp_path / f"{name}-1-direct.safetensors")
+        for other in (f"{name}-1-through", f"{name}-2-fsdp"):
+            trained = load_file(tmp_path / f"{other}.safetensors")
+            assert trained.keys() == direct.keys()
+            for key in direct:  # rounding only: the reduction runs in another order
+                torch.testing.assert_close(trained[key], direct[key], rtol=1e-5, atol=1e-5, msg=f"{other}: {key}")
+        torch.manual_seed(0)
+        start = t2r.convert(tiny_source("llama"), name.removeprefix("hybrid-"), **options).state_dict()
+        assert any(not torch.equal(start[k], direct[k]) for k in direct if "self_attn" in k), name  # it trained
 
 def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, source_dir, corpus):
     """With accelerate's fsdp_cpu_ram_efficient_loading, transformers leaves the other ranks without weights
