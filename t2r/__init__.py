@@ -27,9 +27,13 @@ __all__ = [
 ]
 
 
+_SUBPACKAGES = ("data", "eval", "layers", "models", "ops", "sources", "train")
+"""Reached as attributes after `import t2r` (`t2r.eval.evaluate(...)`), imported on first use."""
+
+
 def __getattr__(name: str):
-    if name == "ops":
-        return importlib.import_module("t2r.ops")
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"t2r.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value  # also replaces the submodule `t2r.convert` by the function of that name

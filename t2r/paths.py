@@ -108,6 +108,9 @@ def offline_if_unreachable(*specs: str | None) -> None:
     if reason:
         _went_offline = reason
         os.environ["HF_HUB_OFFLINE"] = "1"
+        constants = sys.modules.get("huggingface_hub.constants")
+        if constants is not None:  # imported already: it read the switch then, and the hub library asks it
+            constants.HF_HUB_OFFLINE = True
         print(f"note: {reason}: loading {', '.join(map(repr, hub_ids))} from the hub cache only", file=sys.stderr)
 
 

@@ -8,13 +8,15 @@ name` counts as an import of the submodule `package.name` when there is one, els
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "t2r"
 
 LAYERS = (
     {"t2r.paths", "t2r.dtypes", "t2r.outputs", "t2r.ranking", "t2r.manifest", "t2r.words", "t2r.lazy",
-     "t2r.version", "t2r.optim"},
+     "t2r.version", "t2r.optim", "t2r.settings"},
     {"t2r.ops", "t2r.data"},
     {"t2r.layers"},
     {"t2r.models", "t2r.sources", "t2r.model_check", "t2r.model_dir"},
@@ -191,3 +193,11 @@ def test_every_import_of_t2r_names_a_module_that_exists():
                 missing += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: import {alias.name}"
                             for alias in node.names if alias.name.startswith("t2r") and alias.name not in modules]
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_subpackages_are_reached_after_import_t2r():
+    """`import t2r` then `t2r.eval.evaluate(...)`, as the README shows (the subpackages load on first use)."""
+    code = "import t2r; print(callable(t2r.eval.evaluate), t2r.train.__name__, t2r.data.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "t2r.train", "t2r.data"]

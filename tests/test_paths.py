@@ -98,3 +98,17 @@ def test_an_unreachable_hub_is_not_retried(monkeypatch, capsys):
     assert capsys.readouterr().err == ("note: huggingface.co is unreachable from this machine: loading 'owner/name' "
                                        "from the hub cache only\n")
     assert "HF_HUB_OFFLINE=1 to use" not in str(paths.hub_error("owner/name", OSError("x")))  # set already
+
+
+def test_going_offline_reaches_a_hub_library_imported_before(monkeypatch):
+    """huggingface_hub reads HF_HUB_OFFLINE when it is imported; imported before the check (as the command line's
+    own imports do), it must be told too, or it retries the hub for a minute before the one clear error."""
+    import huggingface_hub.constants as constants
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *paths._PROXY_VARS):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(paths, "_went_offline", None)
+    monkeypatch.setattr(paths, "_unreachable", lambda: "huggingface.co is unreachable from this machine")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    paths.offline_if_unreachable("owner/name")
+    assert constants.HF_HUB_OFFLINE is True
