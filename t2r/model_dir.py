@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Callable
 
 from t2r import manifest
-from t2r.outputs import follow_umask, replace_dir
+from t2r.outputs import follow_umask, real_path, replace_dir
 
 CONVERSION_FILE = "t2r_conversion.json"
 """Written next to the weights of a fresh conversion: the model is converted, not trained."""
 
 
 def staging_dir(out) -> Path:
-    """The hidden directory a model directory `out` is written in before it takes `out`'s place."""
-    out = Path(out)
+    """The hidden directory a model directory `out` is written in before it takes `out`'s place (beside the
+    directory a symbolic link `out` leads to: on its filesystem, so it can be swapped in)."""
+    out = real_path(out)
     return out.with_name(f".tmp-{out.name}")
 
 

@@ -35,13 +35,19 @@ def follow_umask(path: str | os.PathLike) -> None:
             os.chmod(file, mode)
 
 
+def real_path(path: str | os.PathLike) -> Path:
+    """`path`, or where it leads when it is a symbolic link: the directory a link names is the one t2r replaces."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
     """Put directory `new` in place of `target` (which may be absent) and delete the old `target`. On Linux the two
     are exchanged in one step (renameat2 RENAME_EXCHANGE), so `target` is never missing, even if the process dies
     half-way; elsewhere the old one is renamed aside first, leaving a moment without it."""
     import shutil
 
-    new, target = Path(new), Path(target)
+    new, target = Path(new), real_path(target)  # a link keeps pointing at the replaced directory
     if not target.exists():
         os.replace(new, target)
         return

@@ -31,3 +31,18 @@ def test_a_replaced_directory_is_never_missing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     replace_dir(target, tmp_path / "absent")  # nothing to replace: a rename
     assert sorted(p.name for p in tmp_path.iterdir()) == ["absent"]
+
+
+def test_a_symbolic_link_keeps_pointing_at_the_replaced_directory(tmp_path):
+    """Before: `Cannot call rmtree on a symbolic link` (no path), after the link had already been swapped away."""
+    from t2r.model_dir import staging_dir, write_model_dir
+
+    real = tmp_path / "disk" / "model"
+    real.mkdir(parents=True)
+    (real / "config.json").write_text("old")
+    link = tmp_path / "out"
+    link.symlink_to(real, target_is_directory=True)
+    assert staging_dir(link) == tmp_path / "disk" / ".tmp-model"  # beside the real directory: one filesystem
+    write_model_dir(link, lambda tmp: (tmp / "config.json").write_text("new"))
+    assert link.is_symlink() and (real / "config.json").read_text() == "new"
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["model"]

@@ -13,9 +13,11 @@ import bz2
 import codecs
 import glob
 import gzip
+import itertools
 import json
 import lzma
 import os
+import zlib
 from pathlib import Path
 
 from t2r.paths import is_local
@@ -89,7 +91,7 @@ def check_files(cfg: DataConfig, limit: int | None = SAMPLE_DOCUMENTS) -> int | 
     builder, files = local_files(path)
     total, complete = 0, True
     for file in files:
-        count, whole = CHECKS[builder](Path(file), cfg.text_field, limit)
+        count, whole = _checked(CHECKS[builder], Path(file), cfg.text_field, limit)
         total += count
         complete = complete and whole
     if complete and total == 0:
@@ -99,6 +101,17 @@ def check_files(cfg: DataConfig, limit: int | None = SAMPLE_DOCUMENTS) -> int | 
         raise DataError(f"data.held_out: {cfg.held_out} documents held out, but {cfg.path!r} holds only {total}, "
                         "leaving none to train on: lower data.held_out")
     return total if complete else None
+
+
+def _checked(check, path: Path, field: str, limit: int | None) -> tuple[int, bool]:
+    """`check(path, field, limit)`, with a compressed file that is cut off or damaged named in one line."""
+    try:
+        return check(path, field, limit)
+    except (EOFError, zlib.error, lzma.LZMAError, OSError) as err:
+        if isinstance(err, DataError) or not path.name.lower().endswith(COMPRESSIONS):
+            raise
+        raise DataError(f"{path}: the compressed file is cut off or damaged ({err}); download or compress it "
+                        "again, or move it out of data.path") from None
 
 
 def explain(cfg: DataConfig, err: Exception) -> Exception:
@@ -192,7 +205,7 @@ def _json(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
 def _lines(head: bytes, fh):
     """The lines (bytes) of a stream whose first `head` bytes were already read."""
     rest = b""
-    for chunk in (head, *iter(lambda: fh.read(1 << 20), b"")):
+    for chunk in itertools.chain((head,), iter(lambda: fh.read(1 << 20), b"")):  # lazily: only what is read
         parts = (rest + chunk).split(b"\n")
         rest = parts.pop()
         yield from parts

@@ -195,6 +195,7 @@ def check_recipe(recipe, check_files: bool) -> None:
     """Every check that spans fields or sections, then the stage list, then (with `check_files`) the paths."""
     train, convert = recipe.train, recipe.convert
     staged = recipe.stages is not None
+    check_name(recipe.name, recipe.checkpoint.dir)
     if (train.max_steps is None) == (train.max_tokens is None) and not (staged and train.max_steps is None):
         got = "both" if train.max_steps is not None else "neither"
         raise RecipeError(f"train.max_steps / train.max_tokens: set exactly one of them (got {got})")
@@ -238,6 +239,16 @@ def check_recipe(recipe, check_files: bool) -> None:
             raise RecipeError(f"eval: {err}") from None
     if check_files:
         _check_paths(recipe)
+
+
+def check_name(name: str, directory: str) -> None:
+    """`name` names the run's directory (checkpoint.dir `runs/{name}`): a relative path that stays below the
+    directory's parent, never absolute, `~`, `..` or `.`."""
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    if os.path.isabs(name) or name.startswith("~") or ".." in parts or not parts:
+        raise RecipeError(f"name: {name!r} would put the run's directory outside runs/ (checkpoint.dir is "
+                          f"{directory!r}); use a plain name such as 'my-run' (letters, digits, '-', '_'; "
+                          "'/' for a subfolder)")
 
 
 def _check_conversion(convert) -> None:

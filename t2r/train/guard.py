@@ -101,14 +101,20 @@ class CollapseGuard:
         return why
 
 
-def collapsed_model(validation_loss: float, vocab_size: int, records: list[dict]) -> str | None:
+def collapsed_model(validation_loss: float, vocab_size: int, records: list[dict],
+                    start: float | None = None) -> str | None:
     """Why a finished run's model is not a success: its held-out loss is a uniform guess after training saw a
-    collapsed step or had learned better; None otherwise."""
+    collapsed step or had learned better, or where the model before training (held-out loss `start`) did better,
+    whatever the stages' losses (a KL-only stage has no next-token loss to watch); None otherwise."""
     uniform = math.log(vocab_size)
     if validation_loss < uniform - UNIFORM_MARGIN:
         return None
-    if not any(r.get("collapsed_steps") or r.get("best_next_token", math.inf) <= uniform - LEARNED_MARGIN
-               for r in records):
+    if start is not None and start <= uniform - LEARNED_MARGIN:
+        why = f"the model before training had {start:.4f}"
+    elif any(r.get("collapsed_steps") or r.get("best_next_token", math.inf) <= uniform - LEARNED_MARGIN
+             for r in records):
+        why = "training saw a collapsed step"
+    else:
         return None
     return (f"the held-out loss {validation_loss:.4f} is a uniform guess over the {vocab_size:,}-token vocabulary "
-            f"(ln {vocab_size} = {uniform:.4f}) after training saw a collapsed step: the model has collapsed")
+            f"(ln {vocab_size} = {uniform:.4f}) where {why}: the model has collapsed")

@@ -93,18 +93,37 @@ def append_jsonl(path: Path, row: dict) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
-def rewrite_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def read_history(path: Path, up_to_step: int) -> list[dict]:
-    """Metrics of earlier steps (a resumed run rewrites the file without the steps it redoes)."""
+def read_history(path: Path, up_to_step: int, log=print) -> list[dict]:
+    """Metrics of earlier steps (a resumed run rewrites the file without the steps it redoes). A cut-off last
+    line (the run was killed while writing it) is dropped, and said; any other line that is not a record is a
+    `RunDirError` naming it."""
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        row = _record(line)
+        if row is None and line.strip() and number == len(lines):
+            log(f"{path}: line {number} was cut off (the run stopped while writing it); dropped it")
+        elif row is None and line.strip():
+            from .errors import RunDirError
+
+            raise RunDirError(f"{path}: line {number} is not a metrics record ({line[:40]!r}): delete or repair "
+                              "that line, then --resume again")
+        elif row is not None:
+            rows.append(row)
     rows = [r for r in rows if r["step"] <= up_to_step]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+def _record(line: str) -> dict | None:
+    """The metrics record a line holds, or None."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 def held_out_row(step: int, tokens: int, loss: float) -> dict:

@@ -30,7 +30,7 @@ from .export import save_final
 from .guard import collapsed_model
 from .model_setup import from_main_process
 from .recipe import save_resolved
-from .resume import check_same_data, choose_start
+from .resume import check_same_data, choose_start, require_run_dir
 from .run_dir import RunLock
 from .signals import StopOnSignal
 from .stages import train_stages
@@ -57,6 +57,8 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
     clock = StartupClock()
     accelerator = _accelerator(recipe)
+    if resume:
+        from_main_process(lambda: require_run_dir(Path(recipe.checkpoint.dir)))
     with quiet_libraries(), clock.part("data check"):
         from_main_process(lambda: _check_data(recipe))  # before the model loads, and before the directory is made
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
@@ -139,7 +141,7 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
         collapsed = collapsed_model(final["validation_loss"], vocab_size(accelerator.unwrap_model(model)),
-                                    list(state.get("loss_watch", {}).values()))
+                                    list(state.get("loss_watch", {}).values()), state.get("held_out_start"))
         if collapsed:
             raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
                                 f"again (--overwrite); the checkpoints in {root} hold the weights as trained")

@@ -102,6 +102,44 @@ def check_same_data(found: Path, current: dict | None) -> None:
             "(--overwrite, or another checkpoint.dir)")
 
 
+def check_restartable(recipe, root: Path) -> None:
+    """`--resume` without a checkpoint starts the run again only where a run of this same recipe stopped before
+    its first checkpoint: `root` holds t2r's recipe.yaml of this run and nothing a run writes later (see
+    `run_dir.BEFORE_FIRST_CHECKPOINT`). Anywhere else it is refused, and nothing is deleted."""
+    why = _why_not_restartable(recipe, root)
+    if why:
+        refuse(root, why)
+
+
+def require_run_dir(root: Path) -> None:
+    """Before `--resume` locks (and so creates) `root`: refused when it does not exist."""
+    if not root.is_dir():
+        refuse(root, "the directory does not exist")
+
+
+def refuse(root: Path, why: str) -> None:
+    raise RunDirError(f"--resume: no checkpoint (step-*/) in {root}: {why}; nothing was deleted. "
+                      f"{run_dir.nearby_runs(root)}. Set name (or checkpoint.dir) to the run to continue, or drop "
+                      "--resume to start a new run")
+
+
+def _why_not_restartable(recipe, root: Path) -> str | None:
+    other = run_dir.not_from_a_started_run(root)
+    if other:
+        return f"it holds {', '.join(other[:5])}, which no run writes before its first checkpoint"
+    try:
+        stored = yaml.safe_load((root / "recipe.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        stored = None
+    if not isinstance(stored, dict):
+        return "it holds no recipe.yaml written by a run of t2r"
+    current = yaml.safe_load(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    fixed = [field for field, _, _ in differences(stored, current) if not is_mutable(field)]
+    if fixed:
+        return f"its recipe.yaml is another run's ({', '.join(fixed[:3])} differ)"
+    return None
+
+
 def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], None] = print):
     """(checkpoint to resume from or None, applied recipe changes) for a run in `recipe.checkpoint.dir`,
     which the caller has locked. A fresh start claims the directory (see `run_dir.claim`)."""
@@ -113,6 +151,7 @@ def choose_start(recipe, resume: bool, overwrite: bool, log: Callable[[str], Non
                               "(checkpoint.keep_last: 0 deletes them once final/ is written): --overwrite starts "
                               "afresh, or set checkpoint.dir to a new directory")
         if resume:  # a run stopped before its first checkpoint: its logs go, the run starts again from step 0
+            check_restartable(recipe, root)
             leftovers = run_dir.outputs(root)
             log(f"--resume: no checkpoint in {root}; starting afresh"
                 + (f" (the run stopped before its first checkpoint; replacing its "

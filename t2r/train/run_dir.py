@@ -29,6 +29,8 @@ LOCK_FILE = ".lock"
 OUTPUTS = ("final", "metrics.jsonl", "final_metrics.json", "loss.png", "logs", "recipe.yaml", checkpoint.DAMAGED,
            "eval")
 """What a run writes into its directory besides `step-*` checkpoints (and `.tmp-*` leftovers)."""
+BEFORE_FIRST_CHECKPOINT = (LOCK_FILE, "recipe.yaml", "metrics.jsonl", "startup.json", "logs")
+"""All a run writes into its directory before its first checkpoint (besides a half-written `.tmp-*` save)."""
 
 
 class RunLock:
@@ -80,8 +82,8 @@ class RunLock:
 def holder(root: str | os.PathLike) -> dict | None:
     """The run that holds (or, after a crash, last held) the lock on `root`, as written in the lock file."""
     try:
-        return json.loads((Path(root) / LOCK_FILE).read_text() or "null")
-    except (FileNotFoundError, ValueError):
+        return _holder_info((Path(root) / LOCK_FILE).read_text())
+    except FileNotFoundError:
         return None
 
 
@@ -90,6 +92,24 @@ def outputs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return checkpoint.checkpoints(root) + [root / name for name in OUTPUTS if (root / name).exists()]
+
+
+def not_from_a_started_run(root: Path) -> list[str]:
+    """The entries of `root` that a run stopped before its first checkpoint would not have written."""
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir()
+                  if p.name not in BEFORE_FIRST_CHECKPOINT and not p.name.startswith(".tmp-"))
+
+
+def nearby_runs(root: Path, limit: int = 5) -> str:
+    """The runs beside `root` (directories of its parent with checkpoints or a final model), as a phrase."""
+    parent = root.parent
+    found = [d for d in sorted(parent.iterdir()) if d != root and d.is_dir()
+             and (checkpoint.checkpoints(d) or (d / "final").is_dir())] if parent.is_dir() else []
+    if not found:
+        return f"no run in {parent} has a checkpoint"
+    names = ", ".join(str(d) for d in found[:limit]) + (f" (and {len(found) - limit} more)" if len(found) > limit
+                                                        else "")
+    return f"runs with checkpoints in {parent}: {names}"
 
 
 def claim(root: Path, overwrite: bool, log: Callable[[str], None] = print) -> None:
@@ -101,7 +121,13 @@ def claim(root: Path, overwrite: bool, log: Callable[[str], None] = print) -> No
         resume = "--resume continues it, " if checkpoint.checkpoints(root) else ""  # none: finished, keep_last 0
         raise RunDirError(f"{root} holds another run ({names}): {resume}--overwrite deletes it and starts afresh, "
                           "or set checkpoint.dir to a new directory")
-    for path in found + sorted(root.glob(".tmp-*")):
+    doomed = found + sorted(root.glob(".tmp-*"))
+    links = [p for p in doomed if p.is_symlink()]
+    if links:
+        raise RunDirError(f"--overwrite: {links[0]} is a symbolic link (to {os.readlink(links[0])}); t2r deletes "
+                          "only what it wrote, never through a link: remove the link (rm it, the target stays) or "
+                          "set checkpoint.dir to a new directory; nothing was deleted")
+    for path in doomed:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     if found:
         log(f"--overwrite: deleted the previous run in {root} ({len(found)} checkpoints and files)")
@@ -109,14 +135,24 @@ def claim(root: Path, overwrite: bool, log: Callable[[str], None] = print) -> No
 
 def _read(fh) -> dict | None:
     fh.seek(0)
+    return _holder_info(fh.read())
+
+
+def _holder_info(text: str) -> dict | None:
+    """The lock file's record: None when empty (released cleanly); an unknown holder for anything that is not
+    the JSON object t2r writes (a torn write, or a file edited by hand)."""
     try:
-        return json.loads(fh.read() or "null")
+        info = json.loads(text or "null")
     except ValueError:
-        return {"pid": "?", "host": "?", "started": None}
+        info = text
+    if info is None or isinstance(info, dict):
+        return info
+    return {"pid": "?", "host": "?", "started": None}
 
 
 def _describe(info: dict | None) -> str:
     if not info:
         return "a run that is starting"
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"])) if info.get("started") else "?"
+    started = info.get("started")
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
     return f"pid {info.get('pid')} on {info.get('host')}, started {started}"

@@ -26,7 +26,7 @@ from t2r.optim import build_optimizer
 from t2r.words import counted
 
 from . import checkpoint, logs
-from .batches import micro_batches, packed_loader
+from .batches import heldout_loss, micro_batches, packed_loader
 from .checks import TEACHER_LOSSES
 from .errors import CheckpointError
 from .losses import stage_loss
@@ -127,7 +127,10 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
         accelerator.print(f"resumed from {found} ({where}{state['step']}, {state['tokens']:,} tokens)")
     if recipe.logging.trackers:
         accelerator.init_trackers(recipe.name, config=logs.flat(recipe))
-    history = logs.read_history(root / "metrics.jsonl", state["step"]) if accelerator.is_main_process else []
+    history = (logs.read_history(root / "metrics.jsonl", state["step"], accelerator.print)
+               if accelerator.is_main_process else [])
+    if found is None and recipe.data.held_out:  # what the final model's held-out loss is checked against
+        state["held_out_start"] = _held_out_start(model, recipe, tokenizer, accelerator)
     metrics = {"step": state["step"], "tokens": state["tokens"]}
     unwrapped = accelerator.unwrap_model(model)
     for i, (stage, steps, first) in enumerate(plan[index:], index):
@@ -149,6 +152,14 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return model, tokenizer, state, metrics, history
+
+
+def _held_out_start(model, recipe, tokenizer, accelerator) -> float:
+    """The held-out loss before training (`t2r.train.guard.collapsed_model`), drawing no random number."""
+    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return heldout_loss(model, recipe, tokenizer, accelerator.device, accelerator.process_index,
+                            accelerator.num_processes)
 
 
 def _sharded(accelerator) -> bool:

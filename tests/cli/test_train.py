@@ -141,3 +141,22 @@ def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path,
     assert main(["run", "--config", str(recipe), "--dry-run"]) == 2  # source it is compared with has one
     assert f"eval: ppl asks for 2048 tokens but {source} supports 256" in capsys.readouterr().err
     assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0
+
+
+def test_a_cut_off_compressed_data_file_is_one_line_in_a_dry_run(tmp_path, capsys):
+    import gzip
+
+    source = save_tiny_source(tmp_path / "src")
+    whole = gzip.compress(b'{"text": "one document that is long enough"}\n' * 50)
+    data = tmp_path / "train.jsonl.gz"
+    data.write_bytes(whole[:len(whole) // 2])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gla}}\n"
+                      f"data: {{path: '{data}', seq_len: 8, held_out: 1}}\n"
+                      "train: {tokens_per_step: 8, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n")
+    capsys.readouterr()  # saving the tiny source
+    assert main(["finetune", "--config", str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"t2r finetune: error: {data}: the compressed file is cut off or damaged" in err

@@ -3,6 +3,7 @@ check reads it first (`check_files`) or `datasets` trips over it later (`explain
 
 import gzip
 import json
+import random
 
 import pandas as pd
 import pytest
@@ -92,3 +93,19 @@ def test_check_rows_needs_one_packed_row_per_part(tmp_path):
         check_rows(cfg, tok, seq_len=seq_len, seed=0)
     with pytest.raises(DataError, match="data: the training documents .* less than one row of data.seq_len=100000"):
         check_rows(DataConfig(path=str(path)), tok, seq_len=100_000, seed=0)
+
+
+def test_a_cut_off_compressed_file_is_named_in_one_line(tmp_path):
+    """Before: EOFError ("Compressed file ended before the end-of-stream marker was reached") with a traceback."""
+    whole = gzip.compress((GOOD * 20).encode())
+    cut = write(tmp_path / "cut.jsonl.gz", whole[:len(whole) // 2])
+    with pytest.raises(DataError, match=r"cut.jsonl.gz: the compressed file is cut off or damaged \(Compressed file "
+                                        r"ended before the end-of-stream marker was reached\); download or compress"):
+        check_files(DataConfig(path=str(cut)))
+    (tmp_path / "late").mkdir()
+    rows = "".join(json.dumps({"text": f"document {i} {random.Random(i).getrandbits(128):x}"}) + "\n"
+                   for i in range(5000))  # incompressible enough that the cut is past the first documents
+    late = write(tmp_path / "late" / "late.jsonl.gz", gzip.compress(rows.encode())[:-40])
+    assert check_files(DataConfig(path=str(late))) is None  # the first documents read fine
+    with pytest.raises(DataError, match=r"late.jsonl.gz: the compressed file is cut off or damaged"):
+        list(load_documents(DataConfig(path=str(late)), 0))

@@ -74,3 +74,25 @@ def test_collapsed_steps_write_no_checkpoint_and_stop_the_run(tmp_path, source_d
         finetune(r)
     assert [c.name for c in ckpt.checkpoints(r.checkpoint.dir)] == [f"step-{s:08d}" for s in (1, 2, 3)]
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_held_out_loss_back_at_uniform_is_caught_whatever_the_stage_loss():
+    """A KL-only stage records no next-token loss: the held-out loss before training is the reference."""
+    uniform = math.log(97)
+    assert "where the model before training had 2.0000: the model has collapsed" in collapsed_model(
+        uniform, 97, [{"start": 0.05}], start=2.0)
+    assert not collapsed_model(uniform, 97, [{"start": 0.05}], start=uniform)  # a random model: nothing to lose
+    assert not collapsed_model(2.5, 97, [{"start": 0.05}], start=2.0)
+
+
+def test_a_kl_only_run_that_ends_at_uniform_writes_no_final(tmp_path, source_dir, corpus, monkeypatch):
+    """The issue's SmolLM2 probe (pure KL at lr 1e3: exit 0, held-out loss ln(vocab)), on the tiny random model
+    (held-out ~ uniform from the start), told that the model before training did better."""
+    monkeypatch.setattr(stages, "_held_out_start", lambda *args: 1.0)
+    r = recipe(tmp_path, source_dir, corpus, **{"train.max_steps": "null",
+                                                 "stages": "[{name: distill, loss: kl, steps: 3, lr: 1.0e-4}]"})
+    with pytest.raises(CollapseError, match=r"held-out loss .* is a uniform guess .* where the model before training "
+                                            r"had 1.0000: the model has collapsed; final/ was not written"):
+        finetune(r)
+    assert not (tmp_path / "run" / "final").exists()
+    assert ckpt.read_state(ckpt.latest(r.checkpoint.dir))["held_out_start"] == 1.0

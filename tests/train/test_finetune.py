@@ -7,6 +7,7 @@ import torch
 
 from t2r.train import Interrupt, finetune
 from t2r.train import checkpoint as ckpt
+from t2r.train.recipe import save_resolved
 from tests.helpers.data import char_tokenizer, write_jsonl
 from tests.helpers.models import tiny_source
 from tests.helpers.recipes import final_weights, recipe
@@ -46,9 +47,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, source_dir, corp
 
 def test_resume_without_checkpoint_starts_fresh_and_half_written_checkpoints_are_ignored(tmp_path, source_dir,
                                                                                            corpus):
+    """A run killed while writing its first checkpoint: its recipe.yaml and a half-written save."""
     r = recipe(tmp_path, source_dir, corpus, run="fresh", **{"train.max_steps": 3})
     stale = tmp_path / "fresh" / ".tmp-step-00000007"
     stale.mkdir(parents=True)
+    save_resolved(r, tmp_path / "fresh")
     (stale / "model.safetensors").write_bytes(b"half")
     assert ckpt.latest(r.checkpoint.dir) is None
     assert finetune(r, resume=True)["step"] == 3

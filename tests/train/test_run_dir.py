@@ -180,3 +180,34 @@ def test_lock_is_exclusive_and_reports_its_holder(tmp_path):
     first.release()
     assert second.acquire() is None  # released cleanly: not reported as stale
     second.release()
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "7", '"pid"', "{not json"])
+def test_a_lock_file_of_another_shape_is_an_unknown_holder(tmp_path, text):
+    (tmp_path / ".lock").write_text(text)
+    assert holder(tmp_path) == {"pid": "?", "host": "?", "started": None}
+    lock = RunLock(tmp_path)
+    assert lock.acquire() == (f"took over a stale lock on {tmp_path}: pid ? on ?, started ? ended without "
+                              "releasing it (crashed or killed)")
+    with pytest.raises(RunDirError, match=r"in use by another run \(pid \d+ on "):
+        RunLock(tmp_path).acquire()
+    lock.release()
+
+
+def test_overwrite_never_deletes_through_a_symbolic_link(tmp_path, source_dir, corpus):
+    """Before: `Cannot call rmtree on a symbolic link`, naming no path."""
+    r = recipe(tmp_path, source_dir, corpus)
+    elsewhere = tmp_path / "models" / "kept"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "model.safetensors").write_text("the user's")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "run" / "final").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(RunDirError) as info:
+        finetune(r, overwrite=True)
+    assert str(info.value) == (
+        f"--overwrite: {tmp_path / 'run' / 'final'} is a symbolic link (to {elsewhere}); t2r deletes only what it "
+        "wrote, never through a link: remove the link (rm it, the target stays) or set checkpoint.dir to a new "
+        "directory; nothing was deleted")
+    assert (elsewhere / "model.safetensors").read_text() == "the user's"
+    assert (tmp_path / "run" / "metrics.jsonl").is_file() and (tmp_path / "run" / "final").is_symlink()
