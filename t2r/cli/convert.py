@@ -10,14 +10,25 @@ from pathlib import Path
 
 from t2r import manifest
 from t2r.cli.common import default_device, dtype_arg
-from t2r.cli.parser import mixer_registry
+from t2r.cli.convert_flags import given_convert_settings, mixer_options, mixer_registry
 from t2r.model_dir import CONVERSION_FILE
 from t2r.paths import check_model_spec, offline_if_unreachable
 
 CPU_RECIPE = "recipes/smollm2-gsa-cpu.yaml"
 
 
+def convert_settings(args, command: str):
+    """The `ConvertSettings` the flags of `command` ask for (defaults where left out), checked with the target's
+    options before anything loads: a ValueError names a bad one."""
+    from t2r.convert.settings import ConvertSettings
+
+    settings = ConvertSettings(**given_convert_settings(args, command), options=mixer_options(args))
+    settings.mixer_options()
+    return settings
+
+
 def run_convert(args) -> int:
+    settings = convert_settings(args, "convert")
     check_model_spec(args.model)  # a missing local path: named at once, before torch loads
     check_output_dir(args.out, args.model, args.overwrite)
     offline_if_unreachable(args.model)
@@ -27,21 +38,20 @@ def run_convert(args) -> int:
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
-    options = {name: getattr(args, name) for name in mixer_registry().option_names()
-               if getattr(args, name) is not None}
     out = Path(args.out)
     tmp = staging_dir(out)  # written aside, then renamed: never a half-saved model in --out
     shutil.rmtree(tmp, ignore_errors=True)
     ranking_dir = tmp / "layer_ranking"
-    model = calibrated_convert(source, tokenizer, args.target, layers=args.layers, init=args.init,
-                               data=DataConfig(path=args.data) if args.data else None, rows=args.calibration_rows,
-                               length=args.calibration_length, ranking_dir=ranking_dir, source=args.model, copy=False,
-                               rank_by=args.rank_by, rank_sweep=args.rank_sweep, **options)
-    if auto_softmax_count(args.layers) is not None:
+    model = calibrated_convert(source, tokenizer, settings.target, layers=settings.layers, init=settings.init,
+                               data=DataConfig(path=settings.data) if settings.data else None,
+                               rows=settings.calibration_rows, length=settings.calibration_length,
+                               ranking_dir=ranking_dir, source=args.model, copy=False, rank_by=settings.rank_by,
+                               rank_sweep=settings.rank_sweep, **settings.options)
+    if auto_softmax_count(settings.layers) is not None:
         converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
-        print(f"{args.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
+        print(f"{settings.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
     print(conversion_report(source, model))
-    save_converted(model, tokenizer, out, source=args.model, target=args.target, converted_by="t2r convert",
+    save_converted(model, tokenizer, out, source=args.model, target=settings.target, converted_by="t2r convert",
                    made_by=" ".join(["t2r", *sys.argv[1:]]), started=True)  # the ranking, already in tmp, stays
     print(f"saved to {out}")
     note = fresh_conversion_note(out)
@@ -51,6 +61,7 @@ def run_convert(args) -> int:
 
 
 def run_rank_layers(args) -> int:
+    settings = convert_settings(args, "rank-layers")
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
     from t2r.convert import calibration_rows, rank_layers, recall_rows
@@ -58,13 +69,11 @@ def run_rank_layers(args) -> int:
     from t2r.sources import load_source
 
     source, tokenizer = load_source(args.model, dtype=dtype_arg(args.dtype), device=default_device(args.device))
-    options = {name: getattr(args, name) for name in mixer_registry().option_names()
-               if getattr(args, name) is not None}
-    ids = calibration_rows(tokenizer, DataConfig(path=args.data) if args.data else None,
-                           args.calibration_rows, args.calibration_length)
-    recall = recall_rows(tokenizer, args.calibration_rows) if args.rank_by != "kl" else None
-    ranking = rank_layers(source, args.target, ids, recall=recall, criterion=args.rank_by, sweep=args.rank_sweep,
-                          **options)
+    ids = calibration_rows(tokenizer, DataConfig(path=settings.data) if settings.data else None,
+                           settings.calibration_rows, settings.calibration_length)
+    recall = recall_rows(tokenizer, settings.calibration_rows) if settings.rank_by != "kl" else None
+    ranking = rank_layers(source, settings.target, ids, recall=recall, criterion=settings.rank_by,
+                          sweep=settings.rank_sweep, **settings.options)
     path = ranking.write(args.out, args.keep)
     print(ranking.table())
     if args.keep:

@@ -2,18 +2,19 @@
 
 A setting has one name: the field in a recipe's `eval:` section, `--field-name` on `t2r eval`; `t2r bench`
 (whose every flag is about the bench) drops the `bench_` prefix (`bench_contexts` is `t2r bench --contexts`).
-Help, choices and defaults come from the field; a flag left out stays None, so the dataclass's default is the
-only one. Spellings of earlier versions stay as hidden aliases (`OLD_FLAGS`).
+Help, choices and defaults come from the field (through `t2r.cli.flags`); a flag left out stays None, so the
+dataclass's default is the only one. Spellings of earlier versions stay as hidden aliases (`OLD_FLAGS`).
 """
 
 from __future__ import annotations
 
 import argparse
-import types
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
 from t2r.cli import values
+from t2r.cli.flags import add_setting_flag, kind
+from t2r.cli.flags import default_text as default_text  # the default as --help words it (tests read it here)
 from t2r.eval.quick import COSTS
 
 OLD_FLAGS = {"eval": {"suites": ["--suite"], "bench_contexts": ["--contexts"], "bench_batch_sizes": ["--batch-sizes"],
@@ -24,34 +25,6 @@ BENCH_COMMAND_SETTINGS = ("baseline", "device", "dtype", "seed")
 INFERENCE_ONLY = ("bench_batch_sizes", "bench_decode_tokens", "bench_repeats", "bench_decode")
 TRAIN_ONLY = ("tokens_per_step", "steps")
 TRAIN_DEFAULTS = {"steps": 3}
-
-
-PARSERS = {"list[int]": (values.sizes, "N,N,..."), "list[float]": (values.floats, "X,X,..."),
-           "list[str]": (values.names, "A,B,..."), "int": (values.count, "N"), "float": (float, "X"),
-           "str": (str, None)}
-"""(argparse type, metavar) per kind of field."""
-
-
-def _kind(tp) -> str:
-    """`list[int]`, `int`, `bool`, ... of a field's type hint, None dropped from an optional."""
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        tp = next(t for t in typing.get_args(tp) if t is not type(None))
-    if typing.get_origin(tp) is list:
-        return f"list[{typing.get_args(tp)[0].__name__}]"
-    return tp.__name__
-
-
-def _default(f):
-    return f.default_factory() if f.default is MISSING else f.default
-
-
-def default_text(f) -> str:
-    if "default_text" in f.metadata:
-        return f.metadata["default_text"]
-    value = _default(f)
-    if isinstance(value, list):
-        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "none"
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def flag(name: str, command: str) -> str:
@@ -66,7 +39,7 @@ def settings_fields(command: str):
     hints = typing.get_type_hints(EvalSettings)
     for f in fields(EvalSettings):
         if command == "eval" or f.metadata["group"] == "bench" or f.name in BENCH_COMMAND_SETTINGS:
-            yield f, _kind(hints[f.name])
+            yield f, kind(hints[f.name])
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -74,19 +47,12 @@ def add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
     from t2r.eval.settings import GROUPS
 
     groups = {}
-    for f, kind in settings_fields(command):
+    for f, field_kind in settings_fields(command):
         group = f.metadata["group"]
         if group not in groups:
             groups[group] = parser.add_argument_group(GROUPS[group]) if command == "eval" else parser
-        kwargs = ({"type": values.boolean, "nargs": "?", "const": True, "metavar": "true|false"} if kind == "bool" else
-                  {"type": PARSERS[kind][0], "metavar": PARSERS[kind][1]})
-        if "choices" in f.metadata:
-            kwargs.update(choices=f.metadata["choices"], metavar=None)
-        groups[group].add_argument(flag(f.name, command), dest=f.name, default=None,
-                                   help=f"{f.metadata['help']} (default: {default_text(f)})".replace("%", "%%"),
-                                   **kwargs)
-        for old in OLD_FLAGS.get(command, {}).get(f.name, []):
-            parser.add_argument(old, dest=f.name, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        add_setting_flag(groups[group], f, field_kind, flag=flag(f.name, command), parser=parser,
+                         old=tuple(OLD_FLAGS.get(command, {}).get(f.name, [])))
 
 
 def given_settings(args, command: str) -> dict:

@@ -6,71 +6,13 @@ from __future__ import annotations
 
 import argparse
 
+from t2r.cli.convert_flags import add_convert_flags
 from t2r.cli.eval_flags import add_eval_parsers
-from t2r.cli.values import boolean
 from t2r.dtypes import DTYPE_NAMES
-from t2r.ranking import CRITERIA, SWEEPS
 from t2r.version import version
 
 DTYPES = ("auto", *DTYPE_NAMES)
 """--dtype names; `auto` keeps the checkpoint's dtype (float32 for a GGUF)."""
-
-
-def mixer_registry():
-    """`t2r.layers.registry` (targets and their options): no torch, so building the parser stays instant."""
-    from t2r.layers import registry
-
-    return registry
-
-
-def _text(value) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value).lower()
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def option_default(registry, name: str) -> str:
-    """`default 64 (gsa)`, or per target: `default: false for gsa, gla, retnet; true for fox` (targets without
-    the option are left out)."""
-    per_target: dict[str, list[str]] = {}
-    for spec in registry.MIXERS.values():
-        if name in spec.options.field_names():
-            per_target.setdefault(_text(getattr(spec.options(), name)), []).append(spec.name)
-    targets = [t for ts in per_target.values() for t in ts]
-    if len(per_target) == 1:
-        value = next(iter(per_target))
-        return f"default {value}" if len(targets) == len(registry.MIXERS) else f"{', '.join(targets)}; default {value}"
-    return "default: " + "; ".join(f"{value} for {', '.join(ts)}" for value, ts in per_target.items())
-
-
-def add_mixer_options(parser: argparse.ArgumentParser) -> None:
-    """One flag per option of any registered mixer (`--num-slots`, `--rope`, ...), unset unless given; help
-    and defaults come from the options dataclasses."""
-    from t2r.layers.options import FEATURE_MAPS
-
-    registry = mixer_registry()
-    for name in registry.option_names():
-        field = registry.option_field(name)
-        kind = str(field.type)
-        kwargs = ({"choices": FEATURE_MAPS} if name == "feature_map" else
-                  {"type": boolean, "metavar": "true|false"} if "bool" in kind else
-                  {"type": int} if "int" in kind else {"type": float} if "float" in kind else {})
-        parser.add_argument(f"--{name.replace('_', '-')}", default=None,
-                            help=f"{field.metadata.get('help', name)} ({option_default(registry, name)})", **kwargs)
-
-
-def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=None,
-                        help="text to measure the source on, for --layers auto:N and --init teacher (file, directory "
-                             "or hub dataset; default: generated long documents); use text like the finetuning data")
-    parser.add_argument("--calibration-rows", type=int, default=4, help="rows of text for ranking (default 4)")
-    parser.add_argument("--calibration-length", type=int, default=512, help="tokens per row (default 512)")
-    parser.add_argument("--rank-by", choices=CRITERIA, default="kl",
-                        help="what --layers auto:N ranks by: kl (text), recall (MQAR answers), halo (recall cost "
-                             "over KL, HALO's retrieval/commonsense ratio) or kl+recall (default kl)")
-    parser.add_argument("--rank-sweep", choices=SWEEPS, default="convert-one",
-                        help="convert-one: each layer's cost converted alone; keep-one: what keeping it softmax buys "
-                             "back with all others converted (finds where retrieval lives) (default convert-one)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,29 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = commands.add_parser("convert", help="swap softmax attention for a recurrent mixer and save the model")
     add_model_argument(convert, "hub id, local directory, file.gguf, or 'smollm2' (built-in default)")
-    convert.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
     convert.add_argument("--out", required=True, help="directory for the converted model (safetensors)")
     convert.add_argument("--overwrite", action="store_true", help="replace a model already saved in --out")
-    convert.add_argument("--layers", default=None,
-                         help="layers to convert, e.g. '0-11,15' (default: all); 'auto:N' keeps the N layers most "
-                              "sensitive to conversion as softmax (ranked as by rank-layers; ranking in --out)")
-    teacher_targets = ", ".join(mixer_registry().teacher_init_targets())
-    convert.add_argument("--init", choices=("default", "teacher"), default="default",
-                         help="teacher: start each new forget gate at the decay matching how far back the source's "
-                              f"attention head looks on the --data text ({teacher_targets})")
-    add_calibration_arguments(convert)
-    add_mixer_options(convert)
+    add_convert_flags(convert, "convert")
 
     rank = commands.add_parser(
         "rank-layers", help="rank layers by their sensitivity to conversion (for hybrids: keep the top N softmax)",
         description="Convert one layer at a time and measure KL(source || converted) per token on sample text; "
                     "writes ranking.json and ranking.png to --out. 'convert --layers auto:N' uses the same ranking.")
     add_model_argument(rank, "source model: hub id, local directory, file.gguf or 'smollm2'")
-    rank.add_argument("--to", dest="target", choices=list(mixer_registry().MIXERS), required=True)
     rank.add_argument("--out", required=True, help="directory for ranking.json and ranking.png")
     rank.add_argument("--keep", type=int, default=None, help="highlight the N most sensitive layers (kept softmax)")
-    add_calibration_arguments(rank)
-    add_mixer_options(rank)
+    add_convert_flags(rank, "rank-layers")
 
     finetune = commands.add_parser(
         "finetune", help="finetune a converted model from a recipe",

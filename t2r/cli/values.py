@@ -31,11 +31,18 @@ def one_size(text: str) -> int:
 
 
 def count(text: str) -> int:
-    """An integer, `2K` = 2048 allowed (the caller's own checks say which must be positive)."""
+    """An integer, `2K` = 2048 and `1e3` = 1000 allowed (the setting's bounds say which are sane)."""
     try:
         return int(text)
     except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
         return one_size(text)
+    if not number.is_integer():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    return int(number)
 
 
 def floats(text: str) -> list[float]:

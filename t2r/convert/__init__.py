@@ -5,6 +5,9 @@ the source what the settings ask for (`calibrated_convert`): which layers stay s
 The names load on first use (`t2r.lazy`): `t2r.convert.layer_spec` (what recipes check) imports no torch.
 """
 
+import sys
+import types
+
 from t2r.lazy import lazy_exports
 
 _EXPORTS = {
@@ -18,3 +21,15 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
+
+
+class _CallablePackage(types.ModuleType):
+    """Importing a submodule (`t2r.convert.settings`, read by `t2r convert --help`) binds `t2r.convert` to this
+    package, over the function `t2r.convert` that `t2r/__init__` loads on first use: calling the package calls
+    the function, so `t2r.convert(model, "gsa")` works either way."""
+
+    def __call__(self, *args, **kwargs):
+        return self.convert(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

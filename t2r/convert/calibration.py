@@ -19,13 +19,17 @@ from t2r.convert.conversion import convert
 from t2r.convert.layer_spec import auto_softmax_count
 from t2r.convert.lookback import attention_lookback
 from t2r.convert.sensitivity import LayerRanking, rank_layers
+from t2r.convert.settings import CONVERT_DEFAULTS, ConvertSettings
 from t2r.data.config import DataConfig
 from t2r.data.recall_prompts import answer_rows, mqar_examples
 from t2r.data.rows import token_rows
 from t2r.layers.registry import get_mixer, teacher_init_refusal
 
+ROWS, LENGTH = CONVERT_DEFAULTS["calibration_rows"], CONVERT_DEFAULTS["calibration_length"]
+RANK_BY, RANK_SWEEP = CONVERT_DEFAULTS["rank_by"], CONVERT_DEFAULTS["rank_sweep"]
 
-def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = 4, length: int = 512,
+
+def calibration_rows(tokenizer, data: DataConfig | None = None, rows: int = ROWS, length: int = LENGTH,
                      seed: int = 0) -> torch.Tensor:
     """`[rows, length]` token ids to measure on: documents of `data` (its training part) joined end to end, or,
     without data, generated long documents (`t2r.data.synthetic`)."""
@@ -43,14 +47,14 @@ RECALL_PAIRS = 64
 window."""
 
 
-def recall_rows(tokenizer, rows: int = 4, pairs: int = RECALL_PAIRS, seed: int = 0):
+def recall_rows(tokenizer, rows: int = ROWS, pairs: int = RECALL_PAIRS, seed: int = 0):
     """`(ids, answer mask)` of `rows` MQAR prompts of `pairs` pairs (seeded apart from the evaluation's prompts)."""
     return answer_rows(mqar_examples(tokenizer, pairs, rows, seed=10_000 + seed))
 
 
-def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None = None, rows: int = 4,
-                   length: int = 512, out_dir: str | Path | None = None, progress: bool = True,
-                   rank_by: str = "kl", rank_sweep: str = "convert-one", **options):
+def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None = None, rows: int = ROWS,
+                   length: int = LENGTH, out_dir: str | Path | None = None, progress: bool = True,
+                   rank_by: str = RANK_BY, rank_sweep: str = RANK_SWEEP, **options):
     """`layers` for `convert`: `spec` itself, or for `auto:N` the layers left after keeping the N most
     sensitive as softmax (ranked on `calibration_rows`, and on `recall_rows` unless `rank_by` is `kl`, by the
     `rank_sweep` of `t2r.convert.sensitivity`;
@@ -66,7 +70,7 @@ def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None
     calibration = {"data": getattr(data, "path", None), "rows": rows, "length": length}
     if rank_by != "kl":
         calibration["recall_pairs"] = RECALL_PAIRS
-    if rank_sweep != "convert-one":
+    if rank_sweep != RANK_SWEEP:
         calibration["sweep"] = rank_sweep
     saved = Path(out_dir) / "ranking.json" if out_dir is not None else None
     if saved is not None and saved.is_file():
@@ -85,18 +89,19 @@ def resolve_layers(spec, source, tokenizer, target: str, data: DataConfig | None
     return ranking.converted_layers(count)
 
 
-def teacher_lookback(source, tokenizer, data: DataConfig | None = None, rows: int = 4,
-                     length: int = 512) -> torch.Tensor:
+def teacher_lookback(source, tokenizer, data: DataConfig | None = None, rows: int = ROWS,
+                     length: int = LENGTH) -> torch.Tensor:
     """`attention_lookback` on `calibration_rows` (`data`'s training documents, or generated ones)."""
     return attention_lookback(source, calibration_rows(tokenizer, data, rows, length))
 
 
-def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str = "default",
-                       data: DataConfig | None = None, rows: int = 4, length: int = 512,
-                       ranking_dir: str | Path | None = None, measure: Callable | None = None,
-                       source: str | None = None, copy: bool = True, rank_by: str = "kl",
-                       rank_sweep: str = "convert-one", **options):
-    """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for.
+def calibrated_convert(model, tokenizer, target: str, *, layers=CONVERT_DEFAULTS["layers"],
+                       init: str = CONVERT_DEFAULTS["init"], data: DataConfig | None = None, rows: int = ROWS,
+                       length: int = LENGTH, ranking_dir: str | Path | None = None, measure: Callable | None = None,
+                       source: str | None = None, copy: bool = True, rank_by: str = RANK_BY,
+                       rank_sweep: str = RANK_SWEEP, **options):
+    """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for; the
+    keyword defaults are those of `t2r.convert.settings.ConvertSettings`, which checks them.
 
     Args:
         layers: a layer spec (`t2r.convert.layer_spec`); for `auto:N` the layers are ranked first
@@ -108,8 +113,8 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=None, init: str 
             measures on the main process only and sends the result to the others.
         source, copy, **options: as for `convert` (the options also apply to the ranking's one-layer conversions).
     """
-    if init not in ("default", "teacher"):
-        raise ValueError(f"init={init!r}: choose default or teacher")
+    ConvertSettings(target, rank_by=rank_by, rank_sweep=rank_sweep, init=init, calibration_rows=rows,
+                    calibration_length=length)  # a ValueError names a bad one, before anything is measured
     if init == "teacher" and not get_mixer(target).teacher_init:  # refused before anything is measured
         raise ValueError(teacher_init_refusal(target))
     measure = measure or (lambda fn: fn())

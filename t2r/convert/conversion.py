@@ -118,7 +118,7 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
     Args:
         model: a loaded Llama, Mistral, Qwen2, Qwen3, Phi-3 or Gemma 3 text causal LM (`t2r.ARCHITECTURES`;
             hub, local or GGUF; any dtype and device).
-        target: a registered mixer (`t2r.MIXERS`: gsa, gla, retnet, fox, or one of your own).
+        target: a registered mixer (`t2r.MIXERS`, the built-in ones or one of your own).
         layers: which layers to convert (None = all; ints or a string like "0-11", `t2r.convert.layer_spec`); the
             rest stay softmax. `auto:N` is resolved by `calibrated_convert`, which ranks the layers first.
         source: where `model` came from (hub id, directory, file.gguf or "smollm2"), recorded in the config

@@ -1,6 +1,7 @@
 """What `t2r eval` (and the eval of `t2r run`) measures: `EvalSettings`, one field per setting.
 
-Each field carries its help as metadata (as `t2r.layers.options.MixerOptions` do); a recipe's `eval:` section
+Each field is a `t2r.settings.setting` (as `t2r.layers.options.MixerOptions` and
+`t2r.convert.settings.ConvertSettings` are); a recipe's `eval:` section
 sets the fields by name, and `t2r eval` / `t2r bench` generate their flags from them (`t2r.cli.eval_flags`),
 so a setting has one name and one default everywhere. This module imports neither torch nor transformers:
 `t2r eval --help` reads it.
@@ -8,9 +9,10 @@ so a setting has one name and one default everywhere. This module imports neithe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from t2r.dtypes import DTYPE_NAMES
+from t2r.settings import setting
 
 BUILTIN_SUITES = ("ppl", "kl", "mqar", "passkey", "bench")
 DEFAULT_SUITES = ("ppl", "mqar", "passkey")
@@ -27,13 +29,6 @@ GROUPS = {
     "bench": "speed and memory (the bench suite; t2r bench drops the bench- prefix)",
 }
 """Flag groups of `t2r eval --help`, in order (each field names its group)."""
-
-
-def setting(default, help: str, group: str, **meta):
-    """A field whose `help` becomes its flag's text; a list default is copied for each instance. Extra
-    metadata: `choices`, `default_text` (the default as `--help` words it)."""
-    kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(**kwargs, metadata={"help": help, "group": group, **meta})
 
 
 def parse_sizes(text: str) -> list[int]:

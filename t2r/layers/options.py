@@ -7,16 +7,24 @@ layer instead; the built-in ones live here so the command line stays light.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
+
+from t2r.settings import check_value, field_meta, setting
 
 FEATURE_MAPS = ("identity", "relu", "swish", "elu1")
 _FIELD_TYPES = {"str": str, "bool": bool, "int": int, "float": (int, float)}
 
 
-def option(default, help: str):
-    """A dataclass field whose `help` becomes the text of its `t2r convert` flag."""
-    return field(default=default, metadata={"help": help})
+MAX_COUNT = 2**16
+"""Upper bound of counts (slots, ranks, sinks): far beyond any sane value, so a typo (1e30) fails at once."""
+MAX_WINDOW = 2**24
+
+
+def option(default, help: str, **checks):
+    """A `t2r.settings.setting` whose `help` becomes the text of its `t2r convert` flag; `checks`: its `choices`
+    and bounds (`min`, `gt`, `max`, `lt`), checked by `validate`, by recipes and by the flag's parser."""
+    return setting(default, help, **checks)
 
 
 @dataclass
@@ -27,7 +35,7 @@ class MixerOptions:
     written here) and adds its own fields. When RoPE is kept it is applied after the feature map.
     """
 
-    feature_map: str = option("identity", "map applied to q and k before the mixer")
+    feature_map: str = option("identity", "map applied to q and k before the mixer", choices=FEATURE_MAPS)
     rope: bool = option(False, "apply the source's rotary embedding to q and k")
     output_norm: bool = option(False, "per-head RMS norm of the mixer output (no weight)")
 
@@ -36,13 +44,13 @@ class MixerOptions:
     so a model loads with the behaviour it was trained with (new conversions take the defaults)."""
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad field; subclasses extend it."""
+        """Raise ValueError naming the bad field: its type, then its declared choices and bounds
+        (`t2r.settings.check_value`); subclasses extend it."""
         for f in fields(self):
             expected, value = _FIELD_TYPES.get(str(f.type)), getattr(self, f.name)
             if expected and (not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)):
                 raise ValueError(f"{f.name} must be a {f.type}, got {value!r}")
-        if self.feature_map not in FEATURE_MAPS:
-            raise ValueError(f"feature_map={self.feature_map!r} is not one of {FEATURE_MAPS}")
+            check_value(f.name, value, field_meta(type(self), f.name))
 
     def starts_as_source(self) -> str | None:
         """Why a freshly converted layer with these options computes what the source attention did (said after
@@ -63,26 +71,21 @@ class RecurrentOptions(MixerOptions):
     beside the recurrent state (`t2r.layers.window`). window=0: the state alone."""
 
     window: int = option(0, "softmax over the last W tokens inside each converted layer; the state keeps only "
-                            "what has left the window (0: off)")
-    sinks: int = option(0, "with window: also attend to each sequence's first S tokens, never put in the state")
+                            "what has left the window (0: off)", min=0, max=MAX_WINDOW)
+    sinks: int = option(0, "with window: also attend to each sequence's first S tokens, never put in the state",
+                        min=0, max=MAX_COUNT)
 
     def validate(self) -> None:
         super().validate()
-        for name in ("window", "sinks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if self.sinks and not self.window:
             raise ValueError(f"sinks={self.sinks} needs a window (sinks are read by the window's softmax); "
                              "set window (e.g. 64) or sinks=0")
 
 
-GATE_DAMPING_HELP = "gate damping tau: log alpha = logsigmoid(W x) / tau (GSA eq. 8 uses 8, GLA 16)"
-
-
-def _positive(name: str, value, what: str, kind=(int, float)) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-        raise ValueError(f"{name} must be a positive {what}, got {value!r}")
+def gate_damping(default: float):
+    """The `gate_logit_normalizer` option (GSA and GLA declare it, each with its own default)."""
+    return option(default, "gate damping tau: log alpha = logsigmoid(W x) / tau (GSA eq. 8 uses 8, GLA 16)",
+                  gt=0, max=1e4)
 
 
 @dataclass
@@ -93,13 +96,8 @@ class GSAOptions(RecurrentOptions):
     """
 
     feature_map: str = "swish"
-    num_slots: int = option(64, "GSA: memory slots per kv head (M)")
-    gate_logit_normalizer: float = option(8.0, GATE_DAMPING_HELP)
-
-    def validate(self) -> None:
-        super().validate()
-        _positive("num_slots", self.num_slots, "integer (the GSA paper uses 64)", int)
-        _positive("gate_logit_normalizer", self.gate_logit_normalizer, "number")
+    num_slots: int = option(64, "GSA: memory slots per kv head (M)", gt=0, max=MAX_COUNT)
+    gate_logit_normalizer: float = gate_damping(8.0)
 
 
 @dataclass
@@ -123,13 +121,8 @@ class LinearAttentionOptions(RecurrentOptions):
 class GLAOptions(LinearAttentionOptions):
     """Gated linear attention: a low-rank data-dependent forget gate."""
 
-    gate_logit_normalizer: float = option(16.0, GATE_DAMPING_HELP)
-    gate_low_rank_dim: int = option(16, "GLA: rank of the low-rank forget-gate projection")
-
-    def validate(self) -> None:
-        super().validate()
-        _positive("gate_logit_normalizer", self.gate_logit_normalizer, "number")
-        _positive("gate_low_rank_dim", self.gate_low_rank_dim, "integer", int)
+    gate_logit_normalizer: float = gate_damping(16.0)
+    gate_low_rank_dim: int = option(16, "GLA: rank of the low-rank forget-gate projection", gt=0, max=MAX_COUNT)
 
 
 @dataclass
@@ -144,7 +137,8 @@ class FoXOptions(MixerOptions):
 
     rope: bool = True
     fox_gate_bias: float = option(
-        8.0, "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)")
+        8.0, "FoX: initial forget-gate bias (logsigmoid(8) ~ -3.4e-4 per token: starts near the source)",
+        min=-100, max=100)
 
     def starts_as_source(self) -> str | None:
         if not self.rope:
@@ -165,11 +159,11 @@ class GatedDeltaOptions(RecurrentOptions):
 
     feature_map: str = "relu"
     conv_size: int = option(4, "gdn: kernel of the causal depthwise convolution on q, k, v, starting as the "
-                               "identity (0: none)")
+                               "identity (0: none)", min=0, max=64)
     output_gate: bool = option(False, "gdn: multiply the read-out by 2 sigmoid(low-rank W x), starting at 1")
 
     def validate(self) -> None:
-        super().validate()
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size == 1 or \
-                self.conv_size < 0:
+                self.conv_size < 0:  # before the generic checks, whose message would not name the 0 case
             raise ValueError(f"conv_size must be 0 (no convolution) or an integer >= 2, got {self.conv_size!r}")
+        super().validate()

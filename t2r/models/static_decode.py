@@ -1,4 +1,5 @@
-"""A fast greedy decode path for converted models whose layers all keep a fixed-size state (gsa, gla, retnet).
+"""A fast greedy decode path for converted models whose layers all keep a fixed-size state (the registered
+targets whose `MixerSpec.constant_memory` is set).
 
 Decoding through the eager forward costs about 1 ms per layer of Python and kernel-launch overhead on a GPU,
 which hides what the recurrent state saves. A fixed-size state can live in preallocated buffers that every step
@@ -14,22 +15,28 @@ from __future__ import annotations
 
 import torch
 
-from t2r.layers import get_mixer
+from t2r.layers import MIXERS, get_mixer
 from t2r.models.generation_cache import T2RCache
 
 
+def fixed_state_targets() -> list[str]:
+    """The registered targets that keep a fixed-size state (`MixerSpec.constant_memory`)."""
+    return [name for name, spec in MIXERS.items() if spec.constant_memory]
+
+
 def check_static_decodable(model) -> None:
-    """Raise ValueError unless every layer of `model` is a fixed-state mixer (gsa, gla, retnet)."""
+    """Raise ValueError unless every layer of `model` is a fixed-state mixer (`fixed_state_targets`)."""
     mixers = getattr(model.config, "t2r_mixers", None)
+    fixed = ", ".join(fixed_state_targets())
     if mixers is None:
-        raise ValueError("static decoding needs a model converted by t2r.convert with every layer gsa, gla or "
-                         "retnet; this is an unconverted (softmax) model: use model.generate(...) instead")
+        raise ValueError(f"static decoding needs a model converted by t2r.convert with every layer one of {fixed}; "
+                         "this is an unconverted (softmax) model: use model.generate(...) instead")
     others = {i: m for i, m in enumerate(mixers) if m == "softmax" or not get_mixer(m).constant_memory}
     if others:
         listed = ", ".join(f"{i} ({m})" for i, m in others.items())
         raise ValueError(
-            f"static decoding needs every layer to keep a fixed-size state (gsa, gla, retnet), but layer(s) {listed} "
-            "keep a K/V cache that grows every token (softmax / fox), which cannot live in the fixed buffers a "
+            f"static decoding needs every layer to keep a fixed-size state ({fixed}), but layer(s) {listed} "
+            "keep a K/V cache that grows every token, which cannot live in the fixed buffers a "
             "CUDA graph replays; use model.generate(...) instead")
     windowed = [i for i, m in enumerate(mixers) if getattr(model.config.mixer_options(i), "window", 0)]
     if windowed:

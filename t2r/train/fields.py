@@ -1,24 +1,24 @@
 """Validation of nested dataclasses from plain mappings (YAML): each value coerced to its field's type hint
 (`coerce`), checked against the per-field limits a section lists in `RULES` (`check_rules`), and built
-into the dataclass (`build`); every error is a `RecipeError` that starts with the field path."""
+into the dataclass (`build`); every error is a `RecipeError` that starts with the field path. A field declared
+by `t2r.settings.setting` brings its choices and bounds along; one with `recipe=False` (a command-line setting
+only) is no recipe field."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
-import operator
 import types
 import typing
 from dataclasses import MISSING, fields
 from typing import Sequence
 
+from t2r.settings import BOUNDS, rules_of
+
 
 class RecipeError(ValueError):
     """A recipe that cannot run; the message starts with the offending field path."""
-
-
-BOUNDS = {"min": (operator.ge, ">="), "gt": (operator.gt, ">"), "max": (operator.le, "<="), "lt": (operator.lt, "<")}
 
 
 def suggest(word: str, options: Sequence[str], list_all: bool = True) -> str:
@@ -129,12 +129,19 @@ def check_rules(value, rules: dict, path: str) -> None:
                 raise RecipeError(f"{path}: must be {word} {rules[key]}, got {item!r}")
 
 
+def recipe_fields(cls) -> list:
+    """The fields of dataclass `cls` a recipe sets (all but those declared with `recipe=False`)."""
+    return [f for f in fields(cls) if f.metadata.get("recipe", True)]
+
+
 def build(cls, data: dict, path: str = ""):
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
+    known = {f.name: f for f in recipe_fields(cls)}
     join = (lambda name: f"{path}.{name}") if path else (lambda name: name)
     for key in data:
         if key not in known:
+            if any(f.name == key for f in fields(cls)):
+                raise RecipeError(f"{join(key)}: a command-line setting, not a recipe field; remove it")
             raise RecipeError(f"{join(key)}: unknown field{suggest(str(key), list(known))}")
     values = {}
     for name, f in known.items():
@@ -143,7 +150,7 @@ def build(cls, data: dict, path: str = ""):
                 kind = "section" if dataclasses.is_dataclass(hints[name]) else "field"
                 raise RecipeError(f"{join(name)}: missing required {kind}")
             continue
-        rules = getattr(cls, "RULES", {}).get(name, {})
+        rules = {**rules_of(f.metadata), **getattr(cls, "RULES", {}).get(name, {})}
         values[name] = coerce(bool_word(data[name], rules.get("choices")), hints[name], join(name))
         check_rules(values[name], rules, join(name))
     try:
@@ -154,7 +161,7 @@ def build(cls, data: dict, path: str = ""):
 
 def plain(value):
     if dataclasses.is_dataclass(value):
-        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in recipe_fields(value)}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, dict):

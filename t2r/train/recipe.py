@@ -17,12 +17,10 @@ from typing import ClassVar, Sequence
 
 import yaml
 
+from t2r.convert.settings import ConvertSettings
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.settings import EvalSettings
-from t2r.layers import MIXERS
-from t2r.ranking import CRITERIA as RANK_CRITERIA
-from t2r.ranking import SWEEPS as RANK_SWEEPS
 
 from . import strict_yaml
 from .checks import check_recipe, find_stage, stages_from_sections
@@ -32,17 +30,6 @@ IMPLICIT_STAGE = "train"
 """The name of the one stage of a recipe without `stages:`."""
 
 
-class _Targets:
-    """`convert.target` choices: the registered mixers (read when checked, so registered ones count) or none."""
-
-    def __iter__(self):
-        return iter((*MIXERS, "none"))
-
-    def __contains__(self, name) -> bool:
-        return name in MIXERS or name == "none"
-
-
-TARGETS = _Targets()
 DTYPES = DTYPE_NAMES
 SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
@@ -57,24 +44,9 @@ class ModelSection:
     RULES: ClassVar[dict] = {"source": {"nonempty": True}, "dtype": {"choices": DTYPES}}
 
 
-@dataclass
-class ConvertSection:
-    target: str  # a registered mixer (gsa, gla, retnet, fox), or "none" to finetune the source model (baseline)
-    layers: str | None = None
-    """Layers to convert, e.g. "0-15,20" (default: all); "auto:N" keeps the N layers most sensitive to conversion
-    as softmax, ranked on the training text (`t2r rank-layers`; the ranking is saved in <checkpoint.dir>)."""
-    options: dict = field(default_factory=dict)  # t2r.convert(..., **options): num_slots, feature_map, ...
-    rank_by: str = "kl"
-    """What "auto:N" ranks layers by: kl (text), recall (MQAR answers), halo (recall cost over KL) or kl+recall
-    (`t2r.convert.sensitivity`)."""
-    rank_sweep: str = "convert-one"
-    """How "auto:N" measures each layer: convert-one (the cost of converting it alone) or keep-one (what keeping
-    it softmax buys back when all others are converted: the sweep that finds where retrieval lives)."""
-    init: str = "default"
-    """The new forget gates' start: default, or teacher (each head's decay from how far back the source's
-    attention looks on the training text, `t2r.convert.lookback`; targets with `MixerSpec.teacher_init`)."""
-    RULES: ClassVar[dict] = {"target": {"choices": TARGETS}, "init": {"choices": ("default", "teacher")},
-                             "rank_by": {"choices": RANK_CRITERIA}, "rank_sweep": {"choices": RANK_SWEEPS}}
+ConvertSection = ConvertSettings
+"""The `convert:` section: `t2r.convert.settings.ConvertSettings` (target, layers, options, rank_by, rank_sweep,
+init; its command-line-only fields are no recipe fields), so `t2r convert` and recipes share one declaration."""
 
 
 @dataclass
