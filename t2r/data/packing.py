@@ -8,6 +8,7 @@ of exactly `seq_len` tokens. `collate_packed` then lays a batch of rows end to e
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 
@@ -32,7 +33,7 @@ class PackedSequences(IterableDataset):
     """
 
     def __init__(self, documents: Callable[[], Iterable[str]], tokenizer, seq_len: int,
-                 add_eos: bool = True, batch_docs: int = 256):
+                 add_eos: bool = True, batch_docs: int = 256, start: tuple[int, int] = (0, 0)):
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         if batch_docs < 1:
@@ -45,37 +46,74 @@ class PackedSequences(IterableDataset):
         self.seq_len = seq_len
         self.batch_docs = batch_docs
         self.eos_token_id = tokenizer.eos_token_id if add_eos else None
+        self.start = tuple(start)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Rows, each with `stream_next`: (document, token) where the stream goes on after it, the `start` a
+        later iteration may begin at to continue with the next row without tokenising what came before."""
         worker = get_worker_info()
         if worker is not None and worker.num_workers > 1:
             raise RuntimeError("PackedSequences is single-process: every worker would yield the same rows; "
                                "use DataLoader(num_workers=0)")
         ids: list[int] = []       # tokens not yet emitted
         starts: list[bool] = []   # True where a document starts
-        for token_lists in self._tokenised_batches():
-            for tokens in token_lists:
+        docs: list[tuple[int, int, int]] = []  # (where in `ids`, document, its token there) of each document in ids
+        for batch in self._tokenised_batches():
+            for index, offset, tokens in batch:
+                docs.append((len(ids), index, offset))
                 ids += tokens
-                starts += [True] + [False] * (len(tokens) - 1)
+                starts += [offset == 0] + [False] * (len(tokens) - 1)
+            following = (batch[-1][0] + 1, 0) if batch else None  # the next document, from its first token
             full = len(ids) // self.seq_len * self.seq_len
             for begin in range(0, full, self.seq_len):
-                yield self._row(ids[begin:begin + self.seq_len], starts[begin:begin + self.seq_len])
+                row = self._row(ids[begin:begin + self.seq_len], starts[begin:begin + self.seq_len])
+                end = begin + self.seq_len
+                row["stream_next"] = following if end == len(ids) else _position(docs, end)
+                yield row
             del ids[:full], starts[:full]
+            docs = _rebased(docs, full) if ids else []
 
-    def _tokenised_batches(self) -> Iterator[list[list[int]]]:
-        """Token ids of each document (EOS appended), `batch_docs` documents per fast-tokenizer call."""
-        texts = iter(self.documents())
-        while batch := list(islice(texts, self.batch_docs)):
-            encoded = self.tokenizer(batch, add_special_tokens=False, return_attention_mask=False,
-                                     verbose=False)["input_ids"]
-            eos = [] if self.eos_token_id is None else [self.eos_token_id]
-            yield [tokens + eos for tokens in encoded if tokens]  # a document without tokens adds nothing
+    def _tokenised_batches(self) -> Iterator[list[tuple[int, int, list[int]]]]:
+        """(document index, first token kept, token ids with EOS appended) of each document with tokens, from
+        `start`, up to `batch_docs` documents per fast-tokenizer call; the documents before `start` are read, not
+        tokenised."""
+        first, dropped = self.start
+        texts = enumerate(self.documents())
+        deque(islice(texts, first), maxlen=0)
+        eos = [] if self.eos_token_id is None else [self.eos_token_id]
+        size = min(16, self.batch_docs)  # the first rows come soon: batches grow from 16 documents to batch_docs
+        while batch := list(islice(texts, size)):
+            size = min(2 * size, self.batch_docs)
+            encoded = self.tokenizer([text for _, text in batch], add_special_tokens=False,
+                                     return_attention_mask=False, verbose=False)["input_ids"]
+            kept = []
+            for (index, _), tokens in zip(batch, encoded):
+                offset = dropped if index == first else 0
+                tokens = (tokens + eos)[offset:] if tokens else []  # a document without tokens adds nothing
+                if tokens:
+                    kept.append((index, offset, tokens))
+            if kept:
+                yield kept
 
     @staticmethod
     def _row(ids: list[int], starts: list[bool]) -> dict[str, torch.Tensor]:
         starts = torch.tensor(starts)
         starts[0] = True  # every row starts a segment
         return {"input_ids": torch.tensor(ids, dtype=torch.long), "position_ids": positions_from_starts(starts)}
+
+
+def _position(docs: list[tuple[int, int, int]], at: int) -> tuple[int, int]:
+    """(document, token) of buffer position `at`, from the (buffer position, document, token) of each
+    document's first buffered token."""
+    where, index, offset = max((d for d in docs if d[0] <= at), key=lambda d: d[0])
+    return index, offset + at - where
+
+
+def _rebased(docs: list[tuple[int, int, int]], cut: int) -> list[tuple[int, int, int]]:
+    """`docs` after the buffer's first `cut` tokens are gone: the document holding the new first token
+    starts it, at the token it had there."""
+    index, offset = _position(docs, cut)
+    return [(0, index, offset)] + [(where - cut, i, o) for where, i, o in docs if where > cut]
 
 
 def positions_from_starts(starts: torch.Tensor) -> torch.Tensor:
@@ -124,8 +162,11 @@ def collate_packed(rows: list[dict], document_boundaries: bool = True) -> dict:
     labels = input_ids.clone()
     labels[starts] = IGNORE_INDEX
     max_length = int(cu_seq_lens.diff().max())
-    return {
+    batch = {
         "input_ids": input_ids[None], "position_ids": position_ids[None], "labels": labels[None],
         "cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens.clone(),
         "max_length_q": max_length, "max_length_k": max_length, "use_cache": False,
     }
+    if "stream_next" in rows[-1]:  # where the rows' stream goes on (`PackedSequences`): not a model input
+        batch["stream_next"] = rows[-1]["stream_next"]
+    return batch

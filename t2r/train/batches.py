@@ -3,7 +3,6 @@ over processes (resumable by skipping what was trained), and the held-out loss m
 
 from __future__ import annotations
 
-import itertools
 from functools import partial
 from itertools import islice
 from typing import Callable, Iterable
@@ -14,34 +13,86 @@ from torch.utils.data import DataLoader
 from t2r.data import PackedSequences, collate_packed, load_documents
 
 
-def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0) -> DataLoader:
+def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0,
+                  start: tuple[int, int] = (0, 0)) -> DataLoader:
     """Micro-batches of packed rows, flattened into one sequence with document boundaries. Each
-    epoch shuffles the documents with its own seed (the held-out split depends on the base seed only)."""
+    epoch shuffles the documents with its own seed (the held-out split depends on the base seed only). `start`:
+    (document, token) of the epoch's stream to begin at (`MicroBatches.position`)."""
     cfg = recipe.data.data_config()
     seed = recipe.train.seed + epoch
-    rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, recipe.data.seq_len)
+    rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, recipe.data.seq_len, start=start)
     collate = partial(collate_packed, document_boundaries=recipe.data.document_boundaries)
     return DataLoader(rows, batch_size=recipe.train.micro_batch_size, collate_fn=collate)
 
 
-def micro_batches(make_loader: Callable[[int], Iterable[dict]], device, rank: int = 0, world: int = 1,
-                  skip: int = 0, epochs: int | None = None):
+class MicroBatches:
     """This process's micro-batches on `device`: every `world`-th of one deterministic stream of
     epochs (`make_loader(epoch)`, repeated until `epochs`, or forever), after the first `skip` (global)
     ones, which a resumed run has already trained on. (The stream is sharded here, not by accelerate's
-    loader wrapper, which slices the flattened batch's `cu_seq_lens` as if they were per-example.)"""
-    index = 0
-    for epoch in itertools.count() if epochs is None else range(epochs):
-        start = index
-        for batch in make_loader(epoch):
-            if index >= skip and index % world == rank:
-                yield {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            index += 1
-        if index == start:
-            if epoch == 0 and epochs is None:
-                raise ValueError("the training data gave no full sequence: check data.path, data.text_field "
-                                 "and data.held_out, or lower data.seq_len")
-            return
+    loader wrapper, which slices the flattened batch's `cu_seq_lens` as if they were per-example.)
+
+    `position(n)` is where the stream stands after its first n micro-batches (epoch, global index, and the
+    (document, token) a packed loader's `start` takes, with `key`: what else the caller needs to recognise its
+    stream); given back as `start`, the stream begins there instead of reading and tokenising everything before
+    `skip` again, which a resume at billions of tokens could not afford."""
+
+    def __init__(self, make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
+                 skip: int = 0, epochs: int | None = None, start: dict | None = None, key: dict | None = None):
+        if start is not None and start["index"] > skip:
+            raise ValueError(f"a stream position at micro-batch {start['index']} is past skip={skip}")
+        self.make_loader, self.device, self.rank, self.world, self.skip = make_loader, device, rank, world, skip
+        self.epochs, self.key = epochs, dict(key or {})
+        self.at = ({"epoch": start["epoch"], "index": start["index"], "doc": start["doc"], "offset": start["offset"]}
+                   if start is not None else {"epoch": 0, "index": 0, "doc": 0, "offset": 0})
+        self._stream = self._all()
+
+    def _all(self):
+        """(global index, micro-batch) of the whole stream from `self.at`, which follows it."""
+        epoch = self.at["epoch"]
+        while self.epochs is None or epoch < self.epochs:
+            begin = (self.at["doc"], self.at["offset"])
+            loader = self.make_loader(epoch, start=begin) if begin != (0, 0) else self.make_loader(epoch)
+            first = self.at["index"]
+            for batch in loader:
+                following = batch.pop("stream_next", None)
+                index = self.at["index"]
+                self.at = {"epoch": epoch, "index": index + 1, "doc": None, "offset": None}
+                if following is not None:
+                    self.at.update(doc=following[0], offset=following[1])
+                yield index, batch
+            if self.at["index"] == first and begin == (0, 0):  # a whole epoch without one micro-batch
+                if epoch == 0 and self.epochs is None:
+                    raise ValueError("the training data gave no full sequence: check data.path, data.text_field "
+                                     "and data.held_out, or lower data.seq_len")
+                return
+            epoch += 1
+            self.at = {"epoch": epoch, "index": self.at["index"], "doc": 0, "offset": 0}
+
+    def __iter__(self):
+        for index, batch in self._stream:
+            if index >= self.skip and index % self.world == self.rank:
+                yield {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def position(self, consumed: int) -> dict | None:
+        """Where the stream stands after its first `consumed` micro-batches, read on, past micro-batches of the
+        other processes only, where this process has not reached it; None where that is not known."""
+        while self.at["index"] < consumed:
+            try:
+                index, _ = next(self._stream)
+            except StopIteration:
+                return None
+            if index >= self.skip and index % self.world == self.rank:
+                raise RuntimeError(f"position({consumed}) would pass this process's micro-batch {index}")
+        if self.at["index"] != consumed or self.at["doc"] is None:
+            return None
+        return {**self.at, **self.key}
+
+
+def micro_batches(make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
+                  skip: int = 0, epochs: int | None = None, start: dict | None = None,
+                  key: dict | None = None) -> MicroBatches:
+    """`MicroBatches(...)`: this process's share of the stream, from `start` (a `position`) when given."""
+    return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key)
 
 
 @torch.no_grad()

@@ -169,7 +169,7 @@ def load(accelerator, checkpoint: Path) -> dict:
         saved_processes = len(list(checkpoint.glob("rng-*.json")))
         if saved_processes == accelerator.num_processes:
             rng.restore(checkpoint, accelerator.process_index)
-        else:  # another process count: the stream position and global batch carry over (see loop.micro_batches)
+        else:  # another process count: the stream position and global batch carry over (see batches.MicroBatches)
             state = read_state(checkpoint)
             rng.reseed(1_000_003 * state["step"] + accelerator.process_index)
             if accelerator.is_main_process:

@@ -162,6 +162,14 @@ def _held_out_start(model, recipe, tokenizer, accelerator) -> float:
                             accelerator.num_processes)
 
 
+def _stream_start(saved: dict | None, skip: int, packing: dict) -> dict | None:
+    """The data stream's position saved with the checkpoint (or left by the stage before), where it is one of
+    this stage's stream (the same packing) at or before `skip`; None: the stream is read up to `skip`."""
+    if saved and saved.get("index", skip + 1) <= skip and all(saved.get(k) == v for k, v in packing.items()):
+        return saved
+    return None
+
+
 def _sharded(accelerator) -> bool:
     """Whether the model's weights are sharded (FSDP): gathered only inside the wrapped model's forward."""
     from accelerate.utils import DistributedType
@@ -187,8 +195,10 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     accelerator.step = 0  # a stage starts on an optimizer-step boundary, whatever the last one accumulated
     per_micro = stage.seq_len * stage.micro_batch_size
     skip = state["step"] * tps // per_micro  # the stream continues across stages
+    packing = {"seq_len": stage.seq_len, "micro_batch_size": stage.micro_batch_size}
     batches = micro_batches(partial(packed_loader, data_view, tokenizer, "train"), accelerator.device,
-                            accelerator.process_index, world, skip=skip)
+                            accelerator.process_index, world, skip=skip, key=packing,
+                            start=_stream_start(state.get("data_position"), skip, packing))
     unwrapped = accelerator.unwrap_model(model)
     sharded = _sharded(accelerator)
     targets = (AttentionTargets(unwrapped, teacher, through_forward=sharded) if stage.loss.get("attention_mse")

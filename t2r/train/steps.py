@@ -153,6 +153,9 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
 def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Path:
     root = Path(recipe.checkpoint.dir)
     require_finite(model, accelerator, step, root)
+    position = getattr(run.batches, "position", None)  # where the data stream stands: a resume starts there
+    if position is not None and run.micro_tokens:
+        state["data_position"] = position(step * recipe.train.tokens_per_step // run.micro_tokens)
     return checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
                            label=run.stage)

@@ -141,6 +141,7 @@ def test_collate_matches_transformers_flattening(tok):
     segments = [{"input_ids": ids[a:b].tolist()} for a, b in zip(cu[:-1], cu[1:])]
     expected = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(segments)
     assert batch.pop("use_cache") is False  # ours also tells the model to build no cache (see below)
+    assert batch.pop("stream_next") == rows[-1]["stream_next"]  # and where the rows' stream goes on
     assert expected.keys() == batch.keys()
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):
@@ -182,3 +183,23 @@ def test_model_on_collated_batch_equals_segments_run_alone(tok, document_boundar
         packed = model(**inputs).logits[0]
         alone = torch.cat([model(batch["input_ids"][:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
     torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
+
+
+def test_a_stream_begun_where_a_row_said_it_goes_on_gives_the_rows_that_followed(tok):
+    """`stream_next` of every row, given back as `start`, continues with exactly the rows that followed it (empty
+    documents, documents longer than a row, several tokenizer batches), without tokenising what came before."""
+    texts = [SENTENCES[i % len(SENTENCES)] * (1 + i % 7) if i % 5 else "" for i in range(40)]
+    rows = list(PackedSequences(lambda: iter(texts), tok, 16, batch_docs=3))
+    assert len(rows) > 20
+    for k, row in enumerate(rows):
+        rest = list(PackedSequences(lambda: iter(texts), tok, 16, batch_docs=3, start=row["stream_next"]))
+        assert len(rest) == len(rows) - k - 1
+        for got, want in zip(rest, rows[k + 1:]):
+            assert torch.equal(got["input_ids"], want["input_ids"])
+            assert torch.equal(got["position_ids"], want["position_ids"])
+            assert got["stream_next"] == want["stream_next"]
+    calls = []
+    data = PackedSequences(lambda: iter(texts), tok, 16, batch_docs=3, start=rows[-2]["stream_next"])
+    data.tokenizer = lambda batch, **kw: calls.append(len(batch)) or tok(batch, **kw)
+    list(data)
+    assert sum(calls) == len(texts) - rows[-2]["stream_next"][0]  # the documents before `start`: read, not tokenised

@@ -37,6 +37,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, source_dir, corp
     with pytest.raises(Interrupt):
         finetune(broken, callbacks=[crash_after_step_4])
     assert ckpt.latest(broken.checkpoint.dir).name == "step-00000003"
+    # the data stream's position after step 3: the resume begins there, reading nothing it trained on again
+    position = ckpt.read_state(ckpt.latest(broken.checkpoint.dir))["data_position"]
+    per_micro = broken.data.seq_len * broken.train.micro_batch_size
+    assert position["index"] == 3 * broken.train.tokens_per_step // per_micro and position["doc"] is not None
     metrics = finetune(broken, resume=True)
     assert metrics["step"] == 6
     a, b = final_weights(straight), final_weights(broken)

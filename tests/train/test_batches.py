@@ -1,0 +1,61 @@
+"""The training stream (`t2r.train.batches.MicroBatches`): a stream begun at a position it gave continues with
+exactly the micro-batches that followed, across epochs and for every process of a data-parallel run."""
+
+from functools import partial
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from t2r.data import PackedSequences, collate_packed
+from t2r.train.batches import micro_batches
+from tests.helpers.data import SENTENCES, char_tokenizer
+
+TEXTS = [SENTENCES[i % len(SENTENCES)] * (1 + i % 4) if i % 6 else "" for i in range(23)]
+
+
+def loader(tok, epoch: int, start=(0, 0)):
+    order = TEXTS[epoch % 3:] + TEXTS[:epoch % 3]  # each epoch its own order, as a seeded shuffle gives
+    rows = PackedSequences(lambda: iter(order), tok, 24, batch_docs=4, start=start)
+    return DataLoader(rows, batch_size=3, collate_fn=collate_packed)
+
+
+def ids(batches) -> list[list[int]]:
+    return [b["input_ids"][0].tolist() for b in batches]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_stream_resumed_at_its_position_equals_the_uninterrupted_one(tok, world):
+    make = partial(loader, tok)
+    per_epoch = len(list(make(0)))
+    assert per_epoch > 4 and all("stream_next" not in b for b in micro_batches(make, "cpu", epochs=1))
+    total = 3 * per_epoch
+    for rank in range(world):
+        whole = ids(micro_batches(make, "cpu", rank, world, epochs=3))
+        for consumed in range(0, total + 1, world):  # a step boundary: every process has had its micro-batches
+            stream = micro_batches(make, "cpu", rank, world, epochs=3)
+            own = consumed // world if rank < consumed % world or consumed % world == 0 else consumed // world + 1
+            head = [b for _, b in zip(range(own), stream)]
+            position = stream.position(consumed)
+            assert position is not None and position["index"] == consumed
+            resumed = micro_batches(make, "cpu", rank, world, skip=consumed, epochs=3, start=position)
+            assert ids(head) + ids(resumed) == whole, (rank, consumed)
+
+
+def test_a_position_past_this_process_micro_batch_is_refused(tok):
+    stream = micro_batches(partial(loader, tok), "cpu", 0, 2, epochs=1)
+    with pytest.raises(RuntimeError, match="would pass this process's micro-batch 0"):
+        stream.position(2)
+
+
+def test_a_stream_without_positions_still_skips(tok):
+    """Loaders whose rows say nothing of where they stand: `skip` reads past, and no position is claimed."""
+    plain = [{"input_ids": torch.tensor([[i]])} for i in range(5)]
+    stream = micro_batches(lambda epoch: plain, "cpu", skip=2, epochs=2)
+    assert [b["input_ids"].item() for b in stream] == [2, 3, 4, 0, 1, 2, 3, 4]
+    assert micro_batches(lambda epoch: plain, "cpu", skip=5, epochs=2).position(3) is None
