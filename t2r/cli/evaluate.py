@@ -40,7 +40,28 @@ def run_eval(args) -> int:
     report = write_report(results, args.out)
     print(report.read_text(), end="")
     print(f"report written to {report} (every number in {report.parent / 'results.json'})")
+    card = add_card_evaluation(args.model, report.parent / "results.json")
+    if card:
+        print(f"model card {card} now shows this evaluation")
     return 0
+
+
+def add_card_evaluation(model: str, results: Path) -> Path | None:
+    """Put the evaluation in `results` (results.json) on the model card of `model` when it is a local directory
+    with a t2r card (`t2r.models.model_card.add_evaluation`: the report's summary lines, the frontier verdicts, the
+    metrics); a card that cannot be written is a note, the report stands."""
+    from t2r.eval import frontier
+    from t2r.eval.report import summary_lines
+    from t2r.models.model_card import add_evaluation
+
+    directory = Path(model).expanduser()
+    if not directory.is_dir():
+        return None
+    try:
+        return add_evaluation(directory, results, summary_lines, frontier.summary_lines)
+    except OSError as err:
+        print(f"note: the model card in {directory} was not updated: {err}")
+        return None
 
 
 def bench_settings(args):

@@ -134,10 +134,9 @@ def run_run(args) -> int:
         return 0
     from accelerate import PartialState
 
+    from t2r.cli.evaluate import add_card_evaluation
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
-    from t2r.eval.report import summary_lines
-    from t2r.models.model_card import add_evaluation
     from t2r.train import finetune
 
     metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
@@ -158,7 +157,7 @@ def run_run(args) -> int:
                        model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
                        command=" ".join(["t2r", *sys.argv[1:]]))
     report = write_report(results, out)
-    add_evaluation(final, summary_lines(results), report)  # the model card's evaluation section
+    add_card_evaluation(final, report.parent / "results.json")  # the card's evaluation, read from results.json
     print(report.read_text(), end="")
     print(f"model saved to {final}; report written to {report}")
     return 0

@@ -40,6 +40,10 @@ def test_eval_compares_with_the_recorded_source(converted, tmp_path, capsys):
     assert "ppl: 1 row of 128 tokens; 4 models" in printed and "  ppl gsa: " in printed
     assert "passkey: done in" in printed
     assert "ppl_rows 2 -> 1" in printed and "ppl_rows 2 -> 1" in (out / "report.md").read_text()
+    card = (model / "README.md").read_text()  # the model's card shows this evaluation, read from results.json
+    assert f"model card {model / 'README.md'} now shows this evaluation" in printed
+    assert "model-index:" in card and "## Evaluation" in card and "**Quick look**" in card
+    assert "- perplexity: " in card and "- late positions: " in card and "- passkey: mean accuracy" in card
 
 
 def test_eval_refuses_bad_input_before_loading(converted, tmp_path, capsys):

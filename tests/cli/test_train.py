@@ -80,6 +80,10 @@ def test_run_finetunes_then_reports_against_the_source(tmp_path, capsys):
     assert "window 16+4" in rows
     results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
     assert results["perplexity"]["rows"] == 4 and results["models"]["baseline"]["spec"] == str(source)
+    card = (tmp_path / "run" / "final" / "README.md").read_text()  # final/'s card: the evaluation, its numbers
+    ppl = next(r for r in results["perplexity"]["results"] if r["name"] == "gsa")["ppl"]
+    assert f"value: {ppl!r}\n" in card and "[report](../eval/report.md)" in card
+    assert "### Window frontier" in card and "- frontier, ppl " in card
 
     recipe.write_text(recipe.read_text().replace("held_out: 8", "held_out: 0"))
     assert main(["run", "--config", str(recipe)]) == 2
