@@ -1,7 +1,8 @@
 """`evaluate()`: a model against its baseline on every requested measurement, into one results dict.
 
-Measurements (`EvalSettings.suites`): `ppl` (perplexity by position with window rows), `mqar` and
-`passkey` (synthetic recall), any lm-eval suite or task (`t2r.eval.harness`), and `bench` (speed and memory).
+Measurements (`EvalSettings.suites`): `ppl` (perplexity by position with window rows), `kl`, `mqar` and
+`passkey` (synthetic recall), any lm-eval suite or task (`t2r.eval.harness`), and `bench` (speed and memory); each
+is one entry of `t2r.eval.scorers.SUITES`, naming its scorer and what it needs.
 Settings are checked before any model loads; lengths against the loaded models before any scoring.
 """
 
@@ -19,10 +20,11 @@ from t2r.data import DataConfig
 from t2r.version import version
 from t2r.words import counted
 
-from . import bench, divergence, frontier, harness, perplexity, quick, recall, report, result_cache
+from . import frontier, quick, report, result_cache
 from .contenders import Contender, memory_matched_window
 from .progress import note
 from .result_cache import NO_CACHE, ResultCache
+from .scorers import SUITES, Run, lm_eval_scores  # noqa: F401 (lm_eval_scores: its old home)
 from .settings import BUILTIN_SUITES, DEFAULT_SUITES, HELD_OUT, EvalSettings  # noqa: F401 (their old home)
 
 
@@ -124,13 +126,13 @@ def check_lengths(found: list[Contender], settings: EvalSettings) -> None:
 
 def check_length_limits(limits: dict[str, int | None], settings: EvalSettings) -> None:
     """ValueError when a suite asks for more tokens than a model (name -> `length_limit`) supports."""
-    needed = {"ppl": settings.ppl_length, "passkey": max(settings.passkey_lengths)}
-    for suite, length in needed.items():
-        if suite not in settings.suites:
+    for suite in SUITES:
+        if suite.length is None or suite.name not in settings.suites:
             continue
+        length = suite.length(settings)
         for name, limit in limits.items():
             if limit is not None and length > limit:
-                raise ValueError(f"{suite} asks for {length} tokens but {name} supports {limit} "
+                raise ValueError(f"{suite.name} asks for {length} tokens but {name} supports {limit} "
                                  f"(max_position_embeddings); lower the length")
 
 
@@ -183,10 +185,11 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
     """Every measurement of `settings` for `model` (and `baseline`, scored on the same inputs). `data` overrides
     `settings.data` (shuffled with `data_seed`, default the settings' seed: a recipe's held-out split).
 
-    Perplexity and recall come first, lm-eval tasks and the bench after; report.md and results.json are
-    rewritten in `out_dir` after each, so a run cut short keeps what it measured. With `settings.cache`, the
-    baseline's scores (and its windows') are read from / stored in `cache_root` (default `$T2R_CACHE/eval`).
-    With `settings.limit`, every suite is shrunk first (`t2r.eval.quick`); `results["quick"]` lists the cuts."""
+    The suites run in the order of `scorers.SUITES` (perplexity and recall first, lm-eval tasks and the bench after);
+    report.md and results.json are rewritten in `out_dir` after each, so a run cut short keeps what it measured.
+    With `settings.cache`, the baseline's scores (and its windows') are read from / stored in `cache_root` (default
+    `$T2R_CACHE/eval`). With `settings.limit`, every suite is shrunk first (`t2r.eval.quick`); `results["quick"]`
+    lists the cuts."""
     settings, cuts = quick.shrink(settings)
     specs = settings.harness_specs()
     if baseline is not None and baseline_tokenizer is not None:
@@ -209,131 +212,38 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                        students)
     check_lengths(found, settings)
     results["contenders"] = [contender_info(c, found) for c in found]
-    if "kl" in settings.suites and baseline is None:
-        raise ValueError("the kl suite scores KL to the baseline: give a baseline (--baseline, or leave the default: "
-                         "the source the model records), or leave kl out of the suites")
+    asked = [s for s in SUITES if s.wanted(settings, specs)]
+    for suite in asked:
+        if suite.baseline and baseline is None:
+            raise ValueError(f"the {suite.name} suite {suite.baseline}: give a baseline (--baseline, or leave the "
+                             f"default: the source the model records), or leave {suite.name} out of the suites")
     torch.manual_seed(settings.seed)
-    pending = [s for s in ("ppl", "kl", "mqar", "passkey") if s in settings.suites] + ["lm-eval"] * bool(specs) + (
-        ["bench"] if "bench" in settings.suites else [])
-
+    pending = [s.name for s in asked]
     if cuts:
         note(f"quick look (limit {settings.limit}): " + "; ".join(cuts))
-    pair = [n for n in (model_name, baseline_name) if n is not None]
-
-    def starting(name: str, what: str, names: list[str]) -> float:
-        note(f"{name}: {what}; {counted(len(names), 'model')} ({', '.join(names)})")
-        return time.perf_counter()
-
-    def measured(name: str, start: float) -> None:
-        results["seconds"][name] = time.perf_counter() - start
-        note(f"{name}: done in {results['seconds'][name]:.0f} s")
-        pending.remove(name)
-        results["unfinished"] = list(pending)
-        if cache.enabled:
-            results["cache"] = {"dir": str(cache.root), "read": cache.hits, "scored": cache.misses}
-        results["frontier"] = frontier.frontiers(results)
-        if pending:
-            report.write(results, out_dir, with_plots=False)
-
-    # generated documents are written only when perplexity or KL reads them
-    texts = held_out_texts(settings, out_dir, data) if {"ppl", "kl"} & set(settings.suites) else []
-    rows_of = {}  # label -> the token rows of that text, shared by ppl and kl
-
-    def rows(label: str, config: DataConfig) -> torch.Tensor:
-        if label not in rows_of:
-            rows_of[label] = perplexity.token_rows(config, tokenizer, settings.ppl_length, settings.ppl_rows,
-                                                   settings.seed if data_seed is None else data_seed, settings.pack)
-        return rows_of[label]
-
-    def with_roles(scored: list[dict]) -> list[dict]:
-        """Each contender's scores with its role and window, as the report and the frontier read them."""
-        return [{**r, "role": c.role, "window": c.window, "sinks": c.sinks if c.window else None}
-                for r, c in zip(scored, found)]
-
-    def text_section(index: int, label: str, config: DataConfig, key: str, section: dict) -> None:
-        """The first text's sections at the top level (`results["perplexity"]`, `results["kl"]`), the others'
-        in `results["texts"]`, one entry per text."""
-        section = {"data": config.path, "label": label, "length": settings.ppl_length,
-                   "rows": len(rows(label, config)), "pack": settings.pack, **section}
-        if index == 0:
-            results[key] = section
-        else:
-            entry = next((t for t in results.setdefault("texts", []) if t["label"] == label), None)
-            if entry is None:
-                entry = {"label": label, "data": config.path}
-                results["texts"].append(entry)
-            entry[key] = section
-
-    if "ppl" in settings.suites:
-        start = starting("ppl", f"{counted(settings.ppl_rows, 'row')} of {settings.ppl_length} tokens"
-                         + (f" of each of {len(texts)} texts" if len(texts) > 1 else ""), [c.name for c in found])
-        for index, (label, config) in enumerate(texts):
-            scored = perplexity.position_perplexity(found, rows(label, config), settings.batch_size, cache=cache)
-            text_section(index, label, config, "perplexity", {"results": with_roles([r.to_dict() for r in scored])})
-        measured("ppl", start)
-    if "kl" in settings.suites:
-        reference = next((c for c in found if c.role == "baseline"), None)
-        start = starting("kl", f"KL to {baseline_name} by position, on the perplexity rows", [c.name for c in found])
-        for index, (label, config) in enumerate(texts):
-            scored = divergence.position_kl(found, reference, rows(label, config), settings.batch_size, cache=cache)
-            text_section(index, label, config, "kl", {"reference": reference.name, "results": with_roles(scored)})
-        measured("kl", start)
-    if "mqar" in settings.suites:
-        pairs = ",".join(map(str, settings.mqar_pairs))
-        start = starting("mqar", f"{counted(settings.mqar_prompts, 'prompt')} of {pairs} pairs",
-                         [c.name for c in found])
-        results["mqar"] = recall.mqar(found, tokenizer, settings.mqar_pairs, settings.mqar_prompts,
-                                      settings.seed, settings.batch_size, cache=cache)
-        measured("mqar", start)
-    if "passkey" in settings.suites:
-        start = starting("passkey", f"{counted(settings.passkey_prompts, 'prompt')} at lengths "
-                         f"{','.join(map(str, settings.passkey_lengths))} x depths "
-                         f"{','.join(f'{d:g}' for d in settings.passkey_depths)}", [c.name for c in found])
-        results["passkey"] = recall.passkey(found, tokenizer, settings.passkey_lengths, settings.passkey_depths,
-                                            settings.passkey_prompts, settings.seed,
-                                            settings.batch_size, cache=cache)
-        measured("passkey", start)
-    if specs:
-        documents = f"{settings.lm_eval_limit} documents each" if settings.lm_eval_limit else "every document"
-        start = starting("lm-eval", f"{counted(len(specs), 'task')}, {documents}", pair)
-        results["tasks"] = {}
-        for name, m, tok, fp in ((model_name, model, tokenizer, None),
-                                 (baseline_name, baseline, baseline_tokenizer or tokenizer, fingerprint)):
-            if m is not None:
-                out = lm_eval_scores(m, tok, specs, settings, cache, fp)
-                results["tasks"][name] = out
-                results["environment"]["lm_eval"] = out["lm_eval_version"]
-        measured("lm-eval", start)
-    if "bench" in settings.suites:
-        start = starting("bench", f"contexts {','.join(map(str, settings.bench_contexts))}", pair)
-        rows = []
-        for name, m in ((model_name, model), (baseline_name, baseline)):
-            if m is not None:  # timed afresh for both: speed is only comparable within one run
-                rows += bench.bench_model(m, name, settings.bench_contexts, settings.bench_batch_sizes,
-                                          settings.bench_decode_tokens, repeats=settings.bench_repeats,
-                                          seed=settings.seed, allow_beyond=True,  # speed, not quality
-                                          decode=settings.bench_decode)
-        results["bench"] = [asdict(r) for r in rows]
-        measured("bench", start)
+    run = Run(settings, model, tokenizer, baseline, baseline_tokenizer, found, cache, fingerprint, specs, results,
+              data_seed)
+    if any(s.texts for s in asked):  # generated documents are written only when a suite reads them
+        run.texts = held_out_texts(settings, out_dir, data)
+    for suite in asked:
+        names = [name for name, *_ in run.pair()] if suite.pair else [c.name for c in found]
+        note(f"{suite.name}: {suite.what(run)}; {counted(len(names), 'model')} ({', '.join(names)})")
+        start = time.perf_counter()
+        suite.score(run)
+        results["seconds"][suite.name] = time.perf_counter() - start
+        note(f"{suite.name}: done in {results['seconds'][suite.name]:.0f} s")
+        pending.remove(suite.name)
+        measured(results, pending, cache, out_dir)
     results.pop("unfinished", None)
     return results
 
 
-def lm_eval_scores(model, tokenizer, specs, settings: EvalSettings, cache: ResultCache, fingerprint: str | None):
-    """`harness.run_harness` for one model; read from `cache` when `fingerprint` is given and the tasks (local
-    files by content), limit, batch size, max length, seed and lm-eval version are those stored."""
-    def run():
-        return harness.run_harness(model, tokenizer, specs, limit=settings.lm_eval_limit,
-                                   batch_size=settings.batch_size, max_length=settings.lm_eval_max_length,
-                                   seed=settings.seed)
-
-    if not cache.enabled or fingerprint is None:
-        return run()
-    from importlib.metadata import version as installed
-
-    inputs = {"tasks": cache.with_file_digests([asdict(s) for s in specs]), "limit": settings.lm_eval_limit,
-              "batch_size": settings.batch_size, "max_length": settings.lm_eval_max_length, "seed": settings.seed,
-              "lm_eval": installed("lm_eval")}
-    parameter = next(model.parameters())
-    return cache.cached(cache.key_parts(fingerprint, "lm-eval", inputs, dtype=parameter.dtype,
-                                        device=parameter.device), run)
+def measured(results: dict, pending: list[str], cache: ResultCache, out_dir) -> None:
+    """After each suite: the suites still to run, the cache's counts and the frontier into `results`, and the
+    report rewritten (without plots) while any suite is left."""
+    results["unfinished"] = list(pending)
+    if cache.enabled:
+        results["cache"] = {"dir": str(cache.root), "read": cache.hits, "scored": cache.misses}
+    results["frontier"] = frontier.frontiers(results)
+    if pending:
+        report.write(results, out_dir, with_plots=False)
