@@ -42,3 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside training (a training run stops after its step, see t2r.train.signals)
         print(f"t2r {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        leave_process_group()
+
+
+def leave_process_group() -> None:
+    """The command's process group (under `accelerate launch` / `torchrun`), left before the process ends, as
+    torch asks (NCCL warns of leaked resources otherwise); nothing where none was formed."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -100,3 +100,17 @@ def test_a_bad_recipe_flag_or_file_is_answered_without_torch(tmp_path, args, say
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert not imported & {"torch", "transformers", "accelerate", "datasets"}, sorted(imported)[:50]
     assert seconds < 2 * (1 + 2 * (os.getloadavg()[0] > 2)), seconds  # 0.3 s on 2 idle cores
+
+
+def test_the_command_leaves_its_process_group(tmp_path):
+    """A process group the command ran in is destroyed before it exits (NCCL warns of leaked resources
+    otherwise, after every `accelerate launch` run); without one, nothing happens."""
+    import torch.distributed as dist
+
+    from t2r.cli.app import leave_process_group
+
+    leave_process_group()  # none formed: nothing to do
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    assert dist.is_initialized()
+    leave_process_group()
+    assert not dist.is_initialized()
