@@ -5,7 +5,6 @@ with one process, the same steps on the whole global batch, unsharded, calling e
 the forward (`sys.argv[2]`), as references."""
 
 import copy
-import os
 import sys
 from functools import partial
 
@@ -16,18 +15,17 @@ from safetensors.torch import save_file
 import t2r
 from t2r.train.transfer import AttentionTargets, shard_apart
 from tests.helpers.models import tiny_source
+from tests.train.fsdp_worker import full_state, global_batches, joined
 
 CASES = {"gla": {}, "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
 
 
 def main(out_dir: str, mode: str = "direct") -> None:
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    ids = torch.randint(3, 97, (3, 4, 16), generator=torch.Generator().manual_seed(0))  # 3 steps x 4 rows
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    distributed, rank, world = joined()
+    ids = global_batches()
     for name, options in CASES.items():
         torch.manual_seed(0)
         source = tiny_source("llama")
@@ -51,8 +49,7 @@ def main(out_dir: str, mode: str = "direct") -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         targets.close()
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().contiguous().clone()
-                 for k, v in model.state_dict().items()}
+        state = full_state(model)
         if rank == 0:
             save_file(state, f"{out_dir}/{name}-{world}-{'fsdp' if distributed else mode}.safetensors")
     if distributed:

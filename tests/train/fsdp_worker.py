@@ -33,14 +33,31 @@ def train(model, ids, rank: int, world: int, steps: int = 3) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
+def full_state(model) -> dict:
+    """The model's weights, gathered where FSDP sharded them, as plain tensors."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().contiguous().clone()
+            for k, v in model.state_dict().items()}
+
+
+def joined() -> tuple[bool, int, int]:
+    """(under torchrun, rank, world size): the gloo group joined when torchrun started this process."""
+    if "RANK" not in __import__("os").environ:
+        return False, 0, 1
+    dist.init_process_group("gloo")
+    return True, dist.get_rank(), dist.get_world_size()
+
+
+def global_batches() -> torch.Tensor:
+    """The token ids of 3 steps x 4 rows x 16 tokens, the same in every process."""
+    return torch.randint(3, 97, (3, 4, 16), generator=torch.Generator().manual_seed(0))
+
+
 def main(out_dir: str) -> None:
-    distributed = "RANK" in __import__("os").environ
-    if distributed:
-        dist.init_process_group("gloo")
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    ids = torch.randint(3, 97, (3, 4, 16), generator=torch.Generator().manual_seed(0))  # 3 steps x 4 rows
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    distributed, rank, world = joined()
+    ids = global_batches()
     for name, options in CASES.items():
         torch.manual_seed(0)
         target = name.removeprefix("hybrid-")
@@ -54,8 +71,7 @@ def main(out_dir: str) -> None:
             fully_shard(model, mesh=mesh)
             assert model.model.layers[0].mlp.up_proj.weight.to_local().shape[0] < 96  # really sharded
         train(model, ids, rank, world)
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().contiguous().clone()
-                 for k, v in model.state_dict().items()}
+        state = full_state(model)
         if rank == 0:
             save_file(state, f"{out_dir}/{name}-{world}.safetensors")
     if distributed:

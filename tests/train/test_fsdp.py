@@ -16,14 +16,19 @@ from tests.helpers.recipes import torchrun_failure
 from tests.train import align_fsdp_worker, fsdp_worker
 
 
-def test_fully_sharded_training_equals_one_process(tmp_path):
-    fsdp_worker.main(str(tmp_path))  # the one-process reference, in this process
+def on_two_processes(module: str, tmp_path, port: int) -> None:
+    """`python -m module tmp_path` on two gloo processes under torchrun; its failure, readable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           "-m", "tests.train.fsdp_worker", str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", module, str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         pytest.fail(torchrun_failure(done.stderr))
+
+
+def test_fully_sharded_training_equals_one_process(tmp_path):
+    fsdp_worker.main(str(tmp_path))  # the one-process reference, in this process
+    on_two_processes("tests.train.fsdp_worker", tmp_path, 29531)
     for name in fsdp_worker.CASES:
         one, two = (load_file(tmp_path / f"{name}-{w}.safetensors") for w in (1, 2))
         assert one.keys() == two.keys()
@@ -37,12 +42,7 @@ def test_attention_transfer_under_fsdp_equals_one_process(tmp_path):
     one process the two ways of reading the attention agree."""
     for mode in ("direct", "through"):
         align_fsdp_worker.main(str(tmp_path), mode)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29535",
-           "-m", "tests.train.align_fsdp_worker", str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        pytest.fail(torchrun_failure(done.stderr))
+    on_two_processes("tests.train.align_fsdp_worker", tmp_path, 29535)
     for name, options in align_fsdp_worker.CASES.items():
         direct = load_file(tmp_path / f"{name}-1-direct.safetensors")
         for other in (f"{name}-1-through", f"{name}-2-fsdp"):
