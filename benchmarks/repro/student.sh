@@ -14,14 +14,19 @@
 #
 # NAME is a recipe of recipes/frontier/ (run dir runs/NAME) or a path under recipes/ such as repro/smollm2-gsa
 # (run dir runs/repro/smollm2-gsa, as those recipes' checkpoint.dir says); logs are $OUT/<NAME, / as ->-train.log.
+# NAME@VARIANT trains the same recipe as a run of its own, runs/NAME-VARIANT (name=...-VARIANT is added), for
+# settings given as overrides: repro/smollm2-gsa@w64 ... convert.options.window=64 convert.options.sinks=4.
 # Students side by side on one host: CUDA_VISIBLE_DEVICES=i for each.
 set -u
 what=$1 name=$2
 shift 2
-recipe=recipes/frontier/$name.yaml
-[ -f "$recipe" ] || recipe=recipes/$name.yaml
-[ -f "$recipe" ] || { echo "student.sh: no recipe recipes/frontier/$name.yaml or recipes/$name.yaml"; exit 2; }
-run=runs/$name
+base=${name%%@*} variant=
+[ "$base" != "$name" ] && variant=${name#*@}
+recipe=recipes/frontier/$base.yaml
+[ -f "$recipe" ] || recipe=recipes/$base.yaml
+[ -f "$recipe" ] || { echo "student.sh: no recipe recipes/frontier/$base.yaml or recipes/$base.yaml"; exit 2; }
+run=runs/$base named=()
+[ -n "$variant" ] && run=runs/$base-$variant named=("name=$(basename "$base")-$variant")
 out=${OUT:-/tmp}
 tag=${name//\//-}
 case $what in
@@ -31,9 +36,9 @@ train)
     trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$tag-stacks.txt")
     if [ ${#trace[@]} -gt 0 ]; then
         timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
-            finetune --config "$recipe" "$@" >> "$out/$tag-train.log" 2>&1
+            finetune --config "$recipe" "${named[@]}" "$@" >> "$out/$tag-train.log" 2>&1
     else
-        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "$recipe" "$@" \
+        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "$recipe" "${named[@]}" "$@" \
             "${resume[@]}" >> "$out/$tag-train.log" 2>&1
     fi
     rc=$?
