@@ -4,7 +4,10 @@ Every directory t2r writes carries one, written last (after every file is flushe
 checkpoint, the trained model `final/`, a `t2r convert` output and the dense SmolLM2 copy in the cache.
 `problem` compares a directory with its manifest and says what is wrong (a missing, truncated, changed or
 added file); `verify_model_dir` is what loading a model directory calls: a directory without a manifest
-(a hub checkpoint, a model saved by other tools) loads unchecked, one with a manifest must match it.
+(a hub checkpoint, a model saved by other tools) loads unchecked, one with a manifest must match it. The
+converted model classes' `from_pretrained` checks a local directory too (`t2r.models.loading`), but not twice:
+`verify_model_dir` remembers the directory it passed (every file's inode, size and times) for one later
+`already_verified`, which `from_pretrained` asks first.
 Hashing reads every byte once, several files at a time (hashlib releases the GIL): the 517 MiB dense SmolLM2
 copy verifies in 0.73 s on a busy 2-core CPU machine (loading it takes 0.6-1.2 s), about 0.7 GB/s a file.
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -26,6 +30,11 @@ LOADED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".mo
                    ".jinja", ".py")
 """Files a model load may read: added to a verified model directory, they are refused (other files, a README or
 notes, are left alone)."""
+T2R_RECORDS = ("t2r_conversion.json", "recipe.yaml")
+"""Files only t2r writes into a model directory (the conversion record of `t2r convert`, a run's recipe in
+`final/` and exports): a directory holding one was written by t2r, with a manifest."""
+REWRITE = "re-export it (or `t2r convert --overwrite` for a conversion) or restore it from a copy"
+"""What to do about a damaged model directory t2r wrote."""
 
 
 class DamagedModelError(ValueError):
@@ -75,36 +84,85 @@ def problem(directory: Path, listed: dict, required: tuple[str, ...] = (),
     for name, expected in listed.items():
         size = (directory / name).stat().st_size
         if size != expected["size"]:
-            return f"{name} is {size:,} bytes, {expected['size']:,} when written (truncated or replaced)"
+            return (f"{name}{_link_note(directory / name)} is {size:,} bytes, {expected['size']:,} when written "
+                    "(truncated or replaced)")
     actual = sha256s(directory, sorted(listed))
     for name in sorted(listed):
         if actual[name] != listed[name]["sha256"]:
-            return f"{name} does not match its SHA-256 checksum (changed or corrupted after it was written)"
+            return (f"{name}{_link_note(directory / name)} does not match its SHA-256 checksum (changed or "
+                    "corrupted after it was written)")
     return None
+
+
+def _link_note(path: Path) -> str:
+    """` (a symbolic link to <the file it reads>)` for a symbolic link (what was hashed is that file), else ``."""
+    return f" (a symbolic link to {path.resolve()})" if path.is_symlink() else ""
+
+
+def t2r_record(directory: Path) -> str | None:
+    """The name of the file that says t2r wrote `directory` (`T2R_RECORDS`), or None."""
+    return next((name for name in T2R_RECORDS if (Path(directory) / name).is_file()), None)
 
 
 def loaded_by_models(name: str) -> bool:
     return name.endswith(LOADED_SUFFIXES)
 
 
-def verify_model_dir(directory: str | os.PathLike) -> bool:
+def verify_model_dir(directory: str | os.PathLike, remember: bool = True) -> bool:
     """Check a model directory against its manifest before it loads; True when it had one (and matched), False
-    when it has none; DamagedModelError naming the file otherwise."""
+    when it has none; DamagedModelError naming the file otherwise. With `remember`, the outcome is kept for one
+    `already_verified` of the unchanged directory (the load that follows)."""
     directory = Path(directory)
     try:
         listed = read(directory)
     except ValueError as err:
-        raise DamagedModelError(f"{directory}: {err}; restore the directory from a copy, or delete {MANIFEST} "
-                                "to load it unchecked") from None
+        raise DamagedModelError(f"{directory}: {err}; {REWRITE}") from None
     if listed is None:
+        if remember:
+            _verified[_key(directory)] = (_signature(directory), False)
         return False
     # only what loading reads: the model card (README.md), plots and notes are the user's to edit
     found = problem(directory, {name: entry for name, entry in listed.items() if loaded_by_models(name)},
                     extra_refused=loaded_by_models)
     if found:
-        raise DamagedModelError(f"{directory} is damaged: {found}; restore it from a copy or write it again (t2r "
-                                f"convert / t2r finetune); its {MANIFEST} lists what t2r wrote")
+        raise DamagedModelError(f"{directory} is damaged: {found}; {REWRITE} (its {MANIFEST} lists what t2r wrote)")
+    if remember:
+        _verified[_key(directory)] = (_signature(directory), True)
     return True
+
+
+_verified: dict[str, tuple[tuple, bool]] = {}
+"""Directories `verify_model_dir` passed: {real path: (signature of its files, had a manifest)}."""
+
+
+def already_verified(directory: str | os.PathLike) -> bool | None:
+    """What `verify_model_dir` returned for `directory` if it checked it and no file changed since (the same
+    inode, size, modification and change time of each; any write changes the change time), else None. Answers
+    once: a later load checks again."""
+    directory = Path(directory)
+    earlier = _verified.pop(_key(directory), None)
+    if earlier is None or earlier[0] != _signature(directory):
+        return None
+    return earlier[1]
+
+
+def _key(directory: Path) -> str:
+    return str(directory.resolve())
+
+
+def _signature(directory: Path) -> tuple:
+    """Every entry under `directory` with what any change to it changes (symbolic links followed)."""
+    entries = []
+    for path in sorted(directory.rglob("*")):
+        try:
+            st = path.stat()
+        except OSError:  # a dangling link
+            entries.append((str(path), None))
+            continue
+        if stat.S_ISREG(st.st_mode):
+            entries.append((str(path), path.is_symlink(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                            st.st_ctime_ns))
+    return tuple(entries)
 
 
 def sha256s(directory: Path, names: list[str], sync: bool = False) -> dict[str, str]:

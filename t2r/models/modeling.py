@@ -43,6 +43,7 @@ from t2r.models.configuration import (
     T2RQwen3Config,
 )
 from t2r.models.generation_cache import T2RCache
+from t2r.models.loading import from_pretrained_verified
 
 _MASK_FUNCTIONS = {
     "full_attention": create_causal_mask,
@@ -73,6 +74,11 @@ class T2RModelMixin:
                 options = config.mixer_options(layer_idx)
                 layer.self_attn = build_mixer(mixer, layer.self_attn, config, layer_idx, options)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The source class's, refusing a damaged directory t2r wrote (`t2r.models.loading`)."""
+        return from_pretrained_verified(super().from_pretrained, pretrained_model_name_or_path, args, kwargs)
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -147,6 +153,11 @@ class T2RCausalLMMixin:
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The source class's, refusing a damaged directory t2r wrote (`t2r.models.loading`)."""
+        return from_pretrained_verified(super().from_pretrained, pretrained_model_name_or_path, args, kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
