@@ -118,6 +118,20 @@ def from_pretrained(load, spec: str, path: str, **kwargs):
         raise hub_error(spec, err) from err
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def require_tokenizer(path) -> None:
+    """A local model directory holds a tokenizer, or one line says how to save one beside the weights (a Python
+    `model.save_pretrained(dir)` writes none; transformers' own error takes five lines)."""
+    folder = Path(path)
+    if folder.is_dir() and (folder / "config.json").is_file() and not any(
+            (folder / name).is_file() for name in TOKENIZER_FILES):
+        raise OSError(f"{folder} holds a model but no tokenizer: save one beside it "
+                      f"(tokenizer.save_pretrained('{folder}'), or t2r.save_converted(model, tokenizer, '{folder}') "
+                      "for a conversion)")
+
+
 def load_tokenizer(spec: str):
     """The tokenizer of `spec` alone (as `load_source` would return it), without loading weights."""
     from transformers import AutoTokenizer
@@ -156,6 +170,8 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
         manifest.verify_model_dir(path)  # a directory t2r wrote: every file as written
     if is_adapter(path):
         return load_adapter(path, dtype, device)
+    if gguf is None:
+        require_tokenizer(path)
     try:
         tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
         model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",

@@ -21,3 +21,15 @@ def test_convert_then_generate(tmp_path, capsys):
                  "--max-new-tokens", "4", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("w5 w6 w7") and lines[1].startswith("w9")
+
+
+def test_a_model_saved_without_its_tokenizer_is_one_line(tmp_path, capsys):
+    """`model.save_pretrained(dir)` from Python writes no tokenizer: `t2r generate` says so and how to save one
+    (transformers' own error took five lines)."""
+    import t2r
+
+    t2r.convert(tiny_source("llama"), "gla").save_pretrained(tmp_path / "gla")
+    capsys.readouterr()  # the save's own progress bar
+    assert main(["generate", "--model", str(tmp_path / "gla"), "--prompt", "w5", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a model but no tokenizer" in err[0] and "t2r.save_converted" in err[0]
