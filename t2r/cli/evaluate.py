@@ -29,6 +29,7 @@ def run_eval(args) -> int:
     offline_if_unreachable(args.model, settings.baseline, *settings.students)
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
+    from t2r.eval.report import add_card_evaluation
 
     settings.harness_specs()  # unknown task or suite: fail before loading anything
     device = default_device(settings.device)
@@ -44,24 +45,6 @@ def run_eval(args) -> int:
     if card:
         print(f"model card {card} now shows this evaluation")
     return 0
-
-
-def add_card_evaluation(model: str, results: Path) -> Path | None:
-    """Put the evaluation in `results` (results.json) on the model card of `model` when it is a local directory
-    with a t2r card (`t2r.models.model_card.add_evaluation`: the report's summary lines, the frontier verdicts, the
-    metrics); a card that cannot be written is a note, the report stands."""
-    from t2r.eval import frontier
-    from t2r.eval.report import summary_lines
-    from t2r.models.model_card import add_evaluation
-
-    directory = Path(model).expanduser()
-    if not directory.is_dir():
-        return None
-    try:
-        return add_evaluation(directory, results, summary_lines, frontier.summary_lines)
-    except OSError as err:
-        print(f"note: the model card in {directory} was not updated: {err}")
-        return None
 
 
 def bench_settings(args):

@@ -6,7 +6,6 @@ import os
 import sys
 from pathlib import Path
 
-from t2r.cli.common import default_device
 from t2r.paths import offline_if_unreachable
 from t2r.words import counted
 
@@ -109,7 +108,7 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
 def eval_plan(recipe, settings) -> str:
     """What `t2r run` evaluates after finetuning, in one line."""
     from t2r.eval.quick import shrink
-    from t2r.eval.suite import HELD_OUT
+    from t2r.eval.settings import HELD_OUT
 
     settings, cuts = shrink(settings)  # eval.limit: the quick look's sizes
     data = (f"the recipe's {recipe.data.held_out} held-out documents" if settings.data == HELD_OUT else
@@ -122,84 +121,24 @@ def eval_plan(recipe, settings) -> str:
 
 
 def run_run(args) -> int:
-    from t2r.eval.settings import HELD_OUT, EvalSettings
-
     recipe = loaded_recipe(args)  # the eval section is validated here too (no torch yet)
-    settings = recipe.eval or EvalSettings(suites=["ppl"])
-    check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
     if args.dry_run:
+        from t2r.train.pipeline import check_eval_lengths, run_eval_settings
+
+        settings = run_eval_settings(recipe)
+        check_eval_lengths(recipe, settings)  # as the run itself does before training
         check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
         return 0
-    from accelerate import PartialState
+    from t2r.train.pipeline import finetune_and_evaluate
 
-    from t2r.cli.evaluate import add_card_evaluation
-    from t2r.eval import evaluate, load_pair, write_report
-    from t2r.eval.models import eval_dtype
-    from t2r.train import finetune
-
-    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
-    if not PartialState().is_main_process:
+    done = finetune_and_evaluate(recipe, resume=args.resume, overwrite=args.overwrite)
+    if done.report is None:  # a process other than the main one: it trained, the main one evaluated
         return 0
-    release_host_memory()  # the evaluation must not stack on the training's freed memory (4.4 -> 4.0 GB on CPU)
-    final = f"{recipe.checkpoint.dir}/final"
-    device = default_device(settings.device)
-    settings.dtype = eval_dtype(settings.dtype, device)
-    model, tokenizer, baseline, baseline_tokenizer, baseline_spec = load_pair(
-        final, settings.baseline or recipe.model.source, settings.dtype, device)
-    data = None
-    if settings.data == HELD_OUT:
-        data = recipe.data.data_config()
-    out = f"{recipe.checkpoint.dir}/eval"
-    print(f"finetuned {metrics['step']} steps; evaluating {final} against {baseline_spec} into {out}")
-    results = evaluate(model, tokenizer, settings, out, baseline=baseline, baseline_tokenizer=baseline_tokenizer,
-                       model_spec=final, baseline_spec=baseline_spec, data=data, data_seed=recipe.train.seed,
-                       command=" ".join(["t2r", *sys.argv[1:]]))
-    report = write_report(results, out)
-    add_card_evaluation(final, report.parent / "results.json")  # the card's evaluation, read from results.json
-    print(report.read_text(), end="")
-    print(f"model saved to {final}; report written to {report}")
+    print(done.report.read_text(), end="")
+    print(f"model saved to {done.model_dir}; report written to {done.report}")
     return 0
-
-
-def check_eval_lengths(recipe, settings) -> None:
-    """The `eval:` section's lengths against the trained model and the baseline, from their configs alone (a config
-    that cannot be read, an offline hub id, is left to the evaluation itself)."""
-    from t2r.eval.contenders import length_limit
-    from t2r.eval.suite import check_length_limits
-    from t2r.sources import load_config
-
-    try:
-        source = load_config(recipe.model.source)
-        baseline_spec = settings.baseline or recipe.model.source
-        baseline = None if baseline_spec == "none" else source if baseline_spec == recipe.model.source else (
-            load_config(baseline_spec))
-    except OSError:
-        return
-    target, layers = recipe.convert.target, recipe.convert.layers
-    mixers = [target] if target != "none" and layers is None else None  # some layers kept as softmax: the limit
-    limits = {f"{recipe.checkpoint.dir}/final": length_limit(source, mixers)}
-    if baseline is not None:
-        limits[baseline_spec] = length_limit(baseline)
-    try:
-        check_length_limits(limits, settings)
-    except ValueError as err:
-        raise ValueError(f"eval: {err} (checked before training; the recipe's eval section sets it)") from None
-
-
-def release_host_memory() -> None:
-    """Hand memory freed by a finished phase back to the system: collect reference cycles (accelerate's
-    objects hold the model and optimizer in some), then glibc's `malloc_trim`, without which the heap
-    keeps the freed pages and the next phase's allocations add to them."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): its allocator decides
-        pass
 
 
 def check_recipe_data(recipe) -> None:

@@ -319,3 +319,19 @@ def write(results: dict, out_dir: str | Path, with_plots: bool = True) -> Path:
     report = out_dir / "report.md"
     report.write_text(markdown(results))
     return report
+
+
+def add_card_evaluation(model, results: Path) -> Path | None:
+    """Put the evaluation in `results` (results.json) on the model card of `model` when it is a local directory
+    with a t2r card (`t2r.models.model_card.add_evaluation`: the summary lines, the frontier verdicts, the
+    metrics); a card that cannot be written is a note, the report stands."""
+    from t2r.models.model_card import add_evaluation
+
+    directory = Path(model).expanduser()
+    if not directory.is_dir():
+        return None
+    try:
+        return add_evaluation(directory, results, summary_lines, frontier.summary_lines)
+    except OSError as err:
+        print(f"note: the model card in {directory} was not updated: {err}")
+        return None

@@ -1,4 +1,5 @@
-"""Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints.
+"""Finetuning: recipes (validated YAML), the accelerate training loop, verified atomic checkpoints, and `t2r run`'s
+finetune-then-evaluate (`finetune_and_evaluate`).
 
 The names load on first use (`t2r.lazy`): importing the package imports no torch."""
 
@@ -7,8 +8,8 @@ from t2r.lazy import lazy_exports
 _EXPORTS = {
     "evaluate_loss": ".batches", "heldout_loss": ".batches", "CheckpointError": ".errors",
     "CollapseError": ".errors", "NonFiniteError": ".errors", "RunDirError": ".errors", "RunError": ".errors",
-    "Interrupt": ".loop", "finetune": ".loop", "Recipe": ".recipe", "RecipeError": ".recipe",
-    "load_recipe": ".recipe", "save_resolved": ".recipe",
+    "Interrupt": ".loop", "finetune": ".loop", "RunResult": ".pipeline", "finetune_and_evaluate": ".pipeline",
+    "Recipe": ".recipe", "RecipeError": ".recipe", "load_recipe": ".recipe", "save_resolved": ".recipe",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
