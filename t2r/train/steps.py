@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -40,114 +40,196 @@ class Steps:
     micro_tokens: int = 0  # the tokens of a full micro-batch: a shorter one (the data's last rows) is noted
 
 
+@dataclass
+class Window:
+    """What the micro-batches of one optimizer step add up to: the loss and its parts (each micro-batch's divided
+    by the accumulation), the tokens of every process, and when the step began."""
+
+    loss: float = 0.0
+    parts: dict = field(default_factory=dict)
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss: torch.Tensor, parts: dict, tokens: int, accum: int) -> None:
+        self.loss += loss.detach().float().item() / accum
+        for name, value in parts.items():
+            self.parts[name] = self.parts.get(name, 0.0) + value / accum
+        self.tokens += tokens
+
+
+@dataclass
+class Update:
+    """An optimizer step's outcome: whether the weights changed, at which lr, the gradient norm before clipping."""
+
+    applied: bool
+    lr: float
+    grad_norm: float
+
+
 def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks) -> dict:
     """Train `run` from global step `state["step"]` to `run.first + run.total`, logging each step to
     metrics.jsonl and saving checkpoints every `checkpoint.every_steps` global steps and at the run's last
     step; `state` (step, tokens, skipped steps) is kept up to date. Returns the last step's metrics."""
-    root, world = Path(recipe.checkpoint.dir), accelerator.num_processes
-    accum, step, tokens = accelerator.gradient_accumulation_steps, state["step"], state["tokens"]
-    guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
-        f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
-    guard.total = state["skipped_steps"]
-    record = state.setdefault("loss_watch", {}).setdefault(run.stage or "train", {})
-    collapse = CollapseGuard(vocab_size(accelerator.unwrap_model(model)), recipe.train.max_collapsed_steps, record,
-                             hint=f": lower {run.lr_field} (now {run.peak_lr}) and --overwrite, or --resume from an "
-                                  "earlier checkpoint's state")
-    collapsed = None
-    end = run.first + run.total
-    progress = logs.Progress(run.total, step - run.first, accelerator.is_main_process, recipe.logging.every_steps,
-                             label=run.stage or "")
+    loop = StepLoop(recipe, accelerator, model, run, state, history, callbacks)
     model.train()
-    window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
-    metrics = {"step": step, "tokens": tokens}
-    clock = run.clock if run.clock is not None and run.clock.open else None
-    batches = clock.timed_batches(run.batches) if clock is not None else run.batches
-    for batch in batches:
-        if step >= end:
+    metrics = {"step": state["step"], "tokens": state["tokens"]}
+    for batch in loop.batches:
+        if loop.step >= loop.end:
             break
-        if batch["input_ids"].numel() < run.micro_tokens:
-            accelerator.print(f"note: step {step + 1}: a short micro-batch, {batch['input_ids'].numel():,} of "
-                              f"{run.micro_tokens:,} tokens (the last rows of the data before it starts over); this "
-                              f"step trains on fewer than train.tokens_per_step={recipe.train.tokens_per_step:,} "
-                              "tokens")
+        loop.note_short(batch)
         with accelerator.accumulate(model):
             loss, parts = run.loss(batch)
             accelerator.backward(loss)
-            window_loss += loss.detach().float().item() / accum
-            for name, value in parts.items():
-                window_parts[name] = window_parts.get(name, 0.0) + value / accum
-            window_tokens += batch["input_ids"].numel() * world
+            loop.window.add(loss, parts, batch["input_ids"].numel() * accelerator.num_processes,
+                            accelerator.gradient_accumulation_steps)
             if accelerator.sync_gradients:
-                if world > 1:  # the mean over processes: every process then takes the same decision
-                    means = torch.tensor([window_loss, *window_parts.values()], device=accelerator.device)
-                    window_loss, *rest = accelerator.reduce(means, "mean").tolist()
-                    window_parts = dict(zip(window_parts, rest))
-                    if run.manual_grad_sync:
-                        for p in run.params:
-                            if p.grad is not None:
-                                p.grad = accelerator.reduce(p.grad, "mean")
-                grad_norm = float(accelerator.clip_grad_norm_(run.params, recipe.train.grad_clip or math.inf))
-                lr = run.peak_lr * run.lr_at(step - run.first)
-                update = guard.check(step + 1, window_loss, grad_norm)
-                if math.isfinite(window_loss):
-                    collapsed = collapse.check(step + 1, window_loss, window_parts.get("next_token"))
-                if update or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
-                    for group in run.optimizer.param_groups:
-                        group["lr"] = lr
-                    run.optimizer.step()
+                update = loop.optimizer_step()
             run.optimizer.zero_grad(set_to_none=True)
-        if not accelerator.sync_gradients:
-            continue
-        if clock is not None:  # the first optimizer step: its compute (compilation included), then the line
-            fetched = clock.parts.get("first batches", 0.0)
-            clock.add("first step", time.perf_counter() - window_start - fetched)
-            clock.done()
-            accelerator.print(clock.line())
-            if accelerator.is_main_process:
-                clock.write(root)
-            clock = None
-        step += 1
-        tokens += window_tokens
-        elapsed = time.perf_counter() - window_start
-        metrics = {"step": step, "tokens": tokens, "loss": logs.finite_or_none(window_loss), "lr": lr,
-                   "grad_norm": logs.finite_or_none(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+        if accelerator.sync_gradients:
+            metrics = loop.after_step(update)
+    loop.progress.close()
+    return metrics
+
+
+class StepLoop:
+    """The step loop of one `Steps` run: `optimizer_step` once its micro-batches are accumulated, then
+    `after_step`: the step's metrics logged, its checkpoint, the callbacks and a stop signal."""
+
+    def __init__(self, recipe, accelerator, model, run: Steps, state: dict, history: list, callbacks):
+        self.recipe, self.accelerator, self.model, self.run = recipe, accelerator, model, run
+        self.state, self.history, self.callbacks = state, history, callbacks
+        self.root = Path(recipe.checkpoint.dir)
+        self.step, self.tokens, self.end = state["step"], state["tokens"], run.first + run.total
+        self.guard = NonFiniteGuard(recipe.train.max_nonfinite_steps, hint=(
+            f": lower {run.lr_field} (now {run.peak_lr}) and --resume, or check the data and the weights' dtype"))
+        self.guard.total = state["skipped_steps"]
+        record = state.setdefault("loss_watch", {}).setdefault(run.stage or "train", {})
+        self.collapse = CollapseGuard(vocab_size(accelerator.unwrap_model(model)), recipe.train.max_collapsed_steps,
+                                      record, hint=f": lower {run.lr_field} (now {run.peak_lr}) and --overwrite, or "
+                                                   "--resume from an earlier checkpoint's state")
+        self.collapsed = None  # why the last finite step looked collapsed
+        self.progress = logs.Progress(run.total, self.step - run.first, accelerator.is_main_process,
+                                      recipe.logging.every_steps, label=run.stage or "")
+        self.clock = run.clock if run.clock is not None and run.clock.open else None
+        self.batches = self.clock.timed_batches(run.batches) if self.clock is not None else run.batches
+        self.window = Window()  # the step being accumulated
+
+    def note_short(self, batch) -> None:
+        """A note when a micro-batch is shorter than a full one (the data's last rows)."""
+        if batch["input_ids"].numel() < self.run.micro_tokens:
+            self.accelerator.print(
+                f"note: step {self.step + 1}: a short micro-batch, {batch['input_ids'].numel():,} of "
+                f"{self.run.micro_tokens:,} tokens (the last rows of the data before it starts over); this step "
+                f"trains on fewer than train.tokens_per_step={self.recipe.train.tokens_per_step:,} tokens")
+
+    def optimizer_step(self) -> Update:
+        """The accumulated gradients into one update: the loss averaged over processes (every process then takes
+        the same decision), clipped, the step skipped when not finite (`NonFiniteGuard`), a collapse watched."""
+        accelerator, run, window = self.accelerator, self.run, self.window
+        if accelerator.num_processes > 1:
+            means = torch.tensor([window.loss, *window.parts.values()], device=accelerator.device)
+            window.loss, *rest = accelerator.reduce(means, "mean").tolist()
+            window.parts = dict(zip(window.parts, rest))
+            if run.manual_grad_sync:
+                for p in run.params:
+                    if p.grad is not None:
+                        p.grad = accelerator.reduce(p.grad, "mean")
+        grad_norm = float(accelerator.clip_grad_norm_(run.params, self.recipe.train.grad_clip or math.inf))
+        lr = run.peak_lr * run.lr_at(self.step - run.first)
+        applied = self.guard.check(self.step + 1, window.loss, grad_norm)
+        if math.isfinite(window.loss):
+            self.collapsed = self.collapse.check(self.step + 1, window.loss, window.parts.get("next_token"))
+        if applied or accelerator.scaler is not None:  # fp16: the loss scaler skips non-finite steps itself
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr
+            run.optimizer.step()
+        return Update(applied, lr, grad_norm)
+
+    def after_step(self, update: Update) -> dict:
+        """What follows an optimizer step: the start-up line after the first, the step's metrics (progress,
+        metrics.jsonl, trackers, `state`), its checkpoint, the callbacks, a stop signal. Returns the metrics."""
+        window = self.window
+        self.close_clock(window)
+        self.step += 1
+        self.tokens += window.tokens
+        metrics = self.metrics(window, update)
+        self.window = Window()  # the next step's time runs from here
+        self.log(metrics)
+        self.state.update(step=self.step, tokens=self.tokens, skipped_steps=self.guard.total)
+        if self.run.stage is not None:
+            self.state["stage_step"] = self.step - self.run.first
+        saved = self.checkpoint()
+        for callback in self.callbacks:
+            callback(metrics)
+        self.stop_on_signal(saved)
+        return metrics
+
+    def close_clock(self, window: Window) -> None:
+        """After the first optimizer step: its compute (compilation included) on the start-up clock, then the line."""
+        clock = self.clock
+        if clock is None:
+            return
+        fetched = clock.parts.get("first batches", 0.0)
+        clock.add("first step", time.perf_counter() - window.start - fetched)
+        clock.done()
+        self.accelerator.print(clock.line())
+        if self.accelerator.is_main_process:
+            clock.write(self.root)
+        self.clock = None
+
+    def metrics(self, window: Window, update: Update) -> dict:
+        """The step's row of metrics.jsonl."""
+        run, step = self.run, self.step
+        elapsed = time.perf_counter() - window.start
+        metrics = {"step": step, "tokens": self.tokens, "loss": logs.finite_or_none(window.loss), "lr": update.lr,
+                   "grad_norm": logs.finite_or_none(update.grad_norm),
+                   "tokens_per_s": window.tokens / max(elapsed, 1e-9)}
         if run.stage is not None:
             metrics.update(stage=run.stage, stage_step=step - run.first,
-                           **{f"loss_{name}": logs.finite_or_none(value) for name, value in window_parts.items()})
-        if not update:
+                           **{f"loss_{name}": logs.finite_or_none(value) for name, value in window.parts.items()})
+        if not update.applied:
             metrics["skipped"] = True
-        window_loss, window_parts, window_tokens, window_start = 0.0, {}, 0, time.perf_counter()
-        progress.step({**metrics, "step": step - run.first})
-        if accelerator.is_main_process:
-            history.append(metrics)
-            logs.append_jsonl(root / "metrics.jsonl", metrics)
-        if step % recipe.logging.every_steps == 0 and recipe.logging.trackers:
-            accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
-        state.update(step=step, tokens=tokens, skipped_steps=guard.total)
-        if run.stage is not None:
-            state["stage_step"] = step - run.first
-        saved = None
-        if (step % recipe.checkpoint.every_steps == 0 or step == end) and collapsed:
-            if step == end:
-                raise CollapseError(f"step {step}: {collapsed}: the run ended on a collapsed step, so it was not saved "
-                                    f"and no final model was written; the newest checkpoint in {root} holds the last "
-                                    f"good weights: lower {run.lr_field} (now {run.peak_lr}) and --overwrite")
-            accelerator.print(f"step {step}: {collapsed}; the checkpoint is not written while the loss looks "
-                              "collapsed (the newest one holds the last good weights)")
-        elif step % recipe.checkpoint.every_steps == 0 or step == end:
-            saved = _save(recipe, accelerator, model, run, state, step)
-        for callback in callbacks:
-            callback(metrics)
-        signum = _signal_on_any_process(accelerator, signals.active())
-        if signum:
-            if collapsed:
-                where = f"this collapsed step was not saved; the newest checkpoint in {root} holds the last good one"
-            else:
-                where = f"checkpoint {(saved or _save(recipe, accelerator, model, run, state, step)).name} written"
-            raise signals.Stopped(f"stopped by {signal.Signals(signum).name} after step {step}: {where}; --resume "
-                                  "continues the run", signum)
-    progress.close()
-    return metrics
+        return metrics
+
+    def log(self, metrics: dict) -> None:
+        """The progress line, the history and metrics.jsonl (main process), the trackers (every logging step)."""
+        self.progress.step({**metrics, "step": self.step - self.run.first})
+        if self.accelerator.is_main_process:
+            self.history.append(metrics)
+            logs.append_jsonl(self.root / "metrics.jsonl", metrics)
+        if self.step % self.recipe.logging.every_steps == 0 and self.recipe.logging.trackers:
+            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=self.step)
+
+    def checkpoint(self) -> Path | None:
+        """The checkpoint due at this step (every `checkpoint.every_steps`, and the run's last), unless the step
+        looks collapsed: then none (a collapsed last step ends the run). Returns the checkpoint written."""
+        step, root = self.step, self.root
+        if not (step % self.recipe.checkpoint.every_steps == 0 or step == self.end):
+            return None
+        if not self.collapsed:
+            return _save(self.recipe, self.accelerator, self.model, self.run, self.state, step)
+        if step == self.end:
+            raise CollapseError(f"step {step}: {self.collapsed}: the run ended on a collapsed step, so it was not "
+                                f"saved and no final model was written; the newest checkpoint in {root} holds the "
+                                f"last good weights: lower {self.run.lr_field} (now {self.run.peak_lr}) and "
+                                "--overwrite")
+        self.accelerator.print(f"step {step}: {self.collapsed}; the checkpoint is not written while the loss looks "
+                               "collapsed (the newest one holds the last good weights)")
+        return None
+
+    def stop_on_signal(self, saved: Path | None) -> None:
+        """`signals.Stopped` when a stop signal came to any process: after a checkpoint of this step (`saved`, or
+        one written now), unless the step looks collapsed."""
+        signum = _signal_on_any_process(self.accelerator, signals.active())
+        if not signum:
+            return
+        if self.collapsed:
+            where = f"this collapsed step was not saved; the newest checkpoint in {self.root} holds the last good one"
+        else:
+            saved = saved or _save(self.recipe, self.accelerator, self.model, self.run, self.state, self.step)
+            where = f"checkpoint {saved.name} written"
+        raise signals.Stopped(f"stopped by {signal.Signals(signum).name} after step {self.step}: {where}; --resume "
+                              "continues the run", signum)
 
 
 def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Path:
