@@ -13,16 +13,19 @@ from torch.utils.data import DataLoader
 from t2r.data import PackedSequences, collate_packed, load_documents
 
 
-def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0,
-                  start: tuple[int, int] = (0, 0)) -> DataLoader:
+def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start: tuple[int, int] = (0, 0),
+                  stage=None) -> DataLoader:
     """Micro-batches of packed rows, flattened into one sequence with document boundaries. Each
     epoch shuffles the documents with its own seed (the held-out split depends on the base seed only). `start`:
-    (document, token) of the epoch's stream to begin at (`MicroBatches.position`)."""
+    (document, token) of the epoch's stream to begin at (`MicroBatches.position`). Rows of `data.seq_len` tokens,
+    `train.micro_batch_size` a micro-batch, or those of `stage` (a `StageSection`)."""
     cfg = recipe.data.data_config()
     seed = recipe.train.seed + epoch
-    rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, recipe.data.seq_len, start=start)
+    seq_len, micro = ((stage.seq_len, stage.micro_batch_size) if stage is not None else
+                      (recipe.data.seq_len, recipe.train.micro_batch_size))
+    rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, seq_len, start=start)
     collate = partial(collate_packed, document_boundaries=recipe.data.document_boundaries)
-    return DataLoader(rows, batch_size=recipe.train.micro_batch_size, collate_fn=collate)
+    return DataLoader(rows, batch_size=micro, collate_fn=collate)
 
 
 class MicroBatches:

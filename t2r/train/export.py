@@ -97,7 +97,7 @@ def export_checkpoint(checkpoint, out=None, made_by: str = "t2r.train.export.exp
             checkpoint.parent / "layer_ranking" / "ranking.json").is_file():
         raise ValueError(f"{checkpoint.parent}/layer_ranking/ranking.json is missing: the run chose its softmax "
                          f"layers by it (convert.layers={recipe.convert.layers}); ranking again could choose others")
-    model, tokenizer, _ = build_model(replace(recipe, stages=recipe.stage_list[-1:]))
+    model, tokenizer, _ = build_model(recipe, teacher=False)  # the student alone
     state = load_file(weights)
     expected = set(model.state_dict())
     tied = {key for key in expected if key.endswith("lm_head.weight")} if model.config.tie_word_embeddings else set()

@@ -34,11 +34,14 @@ def new_module_names(model: nn.Module) -> list[str]:
                    for name in _added_children(module)})
 
 
-def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: torch.device | str | None = None):
+def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: torch.device | str | None = None, *,
+                trainable: str | None = None, teacher: bool | None = None):
     """(model, tokenizer, teacher or None) for the recipe. Weights load in float32 unless `dtype`
     is given: under mixed precision the optimizer keeps fp32 master weights and autocast computes
-    in bf16. The teacher (the unconverted source, frozen) exists when the recipe distills or
-    transfers attention. `clock` (a `StartupClock`) times the load, the calibration and the conversion.
+    in bf16. The teacher (the unconverted source, frozen) exists when `teacher` is true (default: when the recipe
+    distills or transfers attention, `Recipe.needs_teacher`); `trainable` is the set left trainable (default
+    `train.trainable`, `select_trainable`). `clock` (a `StartupClock`) times the load, the calibration and the
+    conversion.
     `device` (the run's, a GPU): the source moves there before it is measured, so that a layer ranking runs
     on the GPU with the mixers' kernels (on the CPU it took 156 of a 164 s start-up, SmolLM2 on an H100 machine's
     16 cores; 10 s on the GPU); the model ends there."""
@@ -48,11 +51,10 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         source, tokenizer = load_source(recipe.model.source, dtype=dtype)
         if _is_cuda(device) and not loads_on_main_only():
             source.to(device)
-    teacher = None
+    wants_teacher, teacher = recipe.needs_teacher if teacher is None else teacher, None
     if recipe.convert.target == "none":
         model = source
     else:
-        wants_teacher = recipe.needs_teacher
         teacher_dtype = torch_dtype(recipe.model.dtype)
         # one copy of the weights: the converted model takes the source's tensors, unless a teacher in the same
         # dtype would then share them (casting the teacher to another dtype gives it tensors of its own). The
@@ -81,7 +83,7 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         compile_layers(model)
         if teacher is not None:
             compile_layers(teacher)
-    return select_trainable(model, recipe), tokenizer, teacher
+    return select_trainable(model, recipe, trainable), tokenizer, teacher
 
 
 def _is_cuda(device) -> bool:
@@ -150,10 +152,10 @@ def place_teacher(teacher: nn.Module, device) -> nn.Module:
     return teacher
 
 
-def select_trainable(model: nn.Module, recipe) -> nn.Module:
-    """Freeze what the recipe does not train. `lora` wraps the model with peft: adapters on
-    `lora.target_modules`, the new gates trained in full (`modules_to_save`)."""
-    mode = recipe.train.trainable
+def select_trainable(model: nn.Module, recipe, trainable: str | None = None) -> nn.Module:
+    """Freeze what `trainable` (default: the recipe's `train.trainable`) does not train. `lora` wraps the model
+    with peft: adapters on `lora.target_modules`, the new gates trained in full (`modules_to_save`)."""
+    mode = trainable or recipe.train.trainable
     if mode == "lora":
         from peft import LoraConfig, get_peft_model
 

@@ -23,7 +23,7 @@ from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.settings import EvalSettings
 
 from . import strict_yaml
-from .checks import check_recipe, find_stage, stages_from_sections
+from .checks import TEACHER_LOSSES, check_recipe, find_stage, stages_from_sections
 from .fields import RecipeError, build, plain
 
 IMPLICIT_STAGE = "train"
@@ -191,26 +191,35 @@ class Recipe:
     @property
     def needs_teacher(self) -> bool:
         """True when some stage compares against the unconverted source (kl, attention MSE)."""
-        return any(set(stage.loss) & {"kl", "attention_mse"} for stage in self.stage_list)
+        return needs_teacher(self.stage_list)
 
     @property
     def total_steps(self) -> int:
         return sum(stage.num_steps(self.train.tokens_per_step) for stage in self.stage_list)
 
-    def grad_accum_steps(self, num_processes: int = 1) -> int:
-        """Micro-batches per optimizer step on each of `num_processes` devices."""
-        per_micro = self.data.seq_len * self.train.micro_batch_size * num_processes
+    def grad_accum_steps(self, num_processes: int = 1, stage: StageSection | None = None) -> int:
+        """Micro-batches per optimizer step on each of `num_processes` devices (of `stage`, with its sequence length
+        and micro-batch)."""
+        seq_len, micro = ((stage.seq_len, stage.micro_batch_size) if stage is not None else
+                          (self.data.seq_len, self.train.micro_batch_size))
+        named = f"stages.{stage.name}." if stage is not None and self.stages is not None else None
+        per_micro = seq_len * micro * num_processes
         steps, rest = divmod(self.train.tokens_per_step, per_micro)
         if num_processes < 1 or rest or steps < 1:
             raise RecipeError(
                 f"train.tokens_per_step: {self.train.tokens_per_step} tokens is not a positive multiple of "
-                f"data.seq_len ({self.data.seq_len}) x train.micro_batch_size ({self.train.micro_batch_size}) x "
+                f"{named or 'data.'}seq_len ({seq_len}) x {named or 'train.'}micro_batch_size ({micro}) x "
                 f"{num_processes} process(es) = {per_micro}; change one of them "
                 f"(e.g. train.tokens_per_step={max(1, round(self.train.tokens_per_step / per_micro)) * per_micro})")
         return steps
 
     def to_dict(self) -> dict:
         return plain(self)
+
+
+def needs_teacher(stages: Sequence[StageSection]) -> bool:
+    """True when one of `stages` weighs a loss against the unconverted source (kl, attention MSE) above 0."""
+    return any(stage.loss.get(loss) for stage in stages for loss in TEACHER_LOSSES)
 
 
 def recipe_from_dict(data: dict, check_files: bool = True) -> Recipe:

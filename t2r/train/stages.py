@@ -16,7 +16,6 @@ when a stage still to run needs it, and freed after the last such stage.
 from __future__ import annotations
 
 import gc
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -27,10 +26,10 @@ from t2r.words import counted
 
 from . import checkpoint, logs
 from .batches import heldout_loss, micro_batches, packed_loader
-from .checks import TEACHER_LOSSES
 from .errors import CheckpointError
 from .losses import stage_loss
 from .model_setup import build_model, place_teacher, select_trainable, trainable_parameters
+from .recipe import needs_teacher
 from .schedule import lr_factor
 from .startup import StartupClock
 from .steps import Steps, train_steps
@@ -59,7 +58,7 @@ def stage_parameters(model, recipe, stage, exact: bool = True) -> list:
     if stage.trainable == "lora":  # peft chose them once
         return [p for p in model.parameters() if p.requires_grad]
     before = {p: p.requires_grad for p in model.parameters()}
-    select_trainable(model, replace(recipe, train=replace(recipe.train, trainable=stage.trainable)))
+    select_trainable(model, recipe, stage.trainable)
     params = [p for p in model.parameters() if p.requires_grad]
     if not exact:
         for p, flag in before.items():
@@ -75,10 +74,6 @@ def _plan(recipe) -> list[tuple]:
         out.append((stage, steps, first))
         first += steps
     return out
-
-
-def _needs_teacher(stages) -> bool:
-    return any(stage.loss.get(loss) for stage in stages for loss in TEACHER_LOSSES)
 
 
 def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, record: dict | None = None):
@@ -100,11 +95,9 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
                               f"(stages: {', '.join(names)})")
     index = names.index(saved["stage"])
     todo = [stage for stage, steps, first in plan[index:] if saved["step"] < first + steps]
-    model, tokenizer, teacher = build_model(replace(recipe, stages=todo or [plan[-1][0]],
-                                                    train=replace(recipe.train, trainable=plan[index][0].trainable)),
-                                            clock=clock, device=accelerator.device)
-    if not _needs_teacher(todo):
-        teacher = None
+    model, tokenizer, teacher = build_model(recipe, clock=clock, device=accelerator.device,
+                                            trainable=plan[index][0].trainable,
+                                            teacher=needs_teacher(todo))
     exact = world == 1
     if not exact:  # the union of what the stages to run train stays trainable in the wrapped model
         union = {id(p) for stage in todo for p in stage_parameters(model, recipe, stage)}
@@ -146,7 +139,7 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
             state.update(stage=stage.name, stage_step=state["step"] - first)
         metrics = _run_stage(recipe, accelerator, model, teacher, tokenizer, (i, stage, steps, first), params,
                              optimizer, state, history, callbacks, clock)
-        if teacher is not None and not _needs_teacher([s for s, _, _ in plan[i + 1:]]):
+        if teacher is not None and not needs_teacher([s for s, _, _ in plan[i + 1:]]):
             teacher = None  # no later stage compares against the source: free its memory
             gc.collect()
             if torch.cuda.is_available():
@@ -189,14 +182,12 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     i, stage, steps, first = where
     named = recipe.stages is not None  # the one stage of a recipe without stages is unnamed, as it always was
     tps, world = recipe.train.tokens_per_step, accelerator.num_processes
-    data_view = replace(recipe, data=replace(recipe.data, seq_len=stage.seq_len),
-                        train=replace(recipe.train, micro_batch_size=stage.micro_batch_size))
-    accelerator.gradient_accumulation_steps = data_view.grad_accum_steps(world)
+    accelerator.gradient_accumulation_steps = recipe.grad_accum_steps(world, stage)
     accelerator.step = 0  # a stage starts on an optimizer-step boundary, whatever the last one accumulated
     per_micro = stage.seq_len * stage.micro_batch_size
     skip = state["step"] * tps // per_micro  # the stream continues across stages
     packing = {"seq_len": stage.seq_len, "micro_batch_size": stage.micro_batch_size}
-    batches = micro_batches(partial(packed_loader, data_view, tokenizer, "train"), accelerator.device,
+    batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train", stage=stage), accelerator.device,
                             accelerator.process_index, world, skip=skip, key=packing,
                             start=_stream_start(state.get("data_position"), skip, packing))
     unwrapped = accelerator.unwrap_model(model)
