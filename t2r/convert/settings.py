@@ -53,8 +53,9 @@ class ConvertSettings:
     data: str | None = setting(
         None, "text to measure the source on, for --layers auto:N and --init teacher (file, directory or hub "
               "dataset); use text like the finetuning data", default_text="generated long documents", recipe=False)
-    calibration_rows: int = setting(4, "rows of text for ranking and teacher init", gt=0, max=4096, recipe=False)
-    calibration_length: int = setting(512, "tokens per calibration row", gt=0, max=2**20, recipe=False)
+    calibration_rows: int = setting(4, "rows of text for ranking and teacher init", gt=0, max=4096)
+    calibration_length: int = setting(512, "tokens per calibration row (in a recipe, at most data.seq_len)", gt=0,
+                                      max=2**20)
 
     def __post_init__(self):
         check_settings(self)

@@ -70,7 +70,8 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         with part("convert"):
             model = calibrated_convert(
                 source, tokenizer, recipe.convert.target, layers=recipe.convert.layers, init=recipe.convert.init,
-                data=recipe.data.data_config(), length=min(512, recipe.data.seq_len),
+                data=recipe.data.data_config(), rows=recipe.convert.calibration_rows,
+                length=min(recipe.convert.calibration_length, recipe.data.seq_len),
                 ranking_dir=Path(recipe.checkpoint.dir) / "layer_ranking", measure=measure,
                 source=recipe.model.source, copy=wants_teacher and teacher_dtype == dtype,
                 rank_by=recipe.convert.rank_by, rank_sweep=recipe.convert.rank_sweep, **recipe.convert.options)

@@ -46,7 +46,8 @@ class ModelSection:
 
 ConvertSection = ConvertSettings
 """The `convert:` section: `t2r.convert.settings.ConvertSettings` (target, layers, options, rank_by, rank_sweep,
-init; its command-line-only fields are no recipe fields), so `t2r convert` and recipes share one declaration."""
+init, calibration_rows, calibration_length; its command-line-only `data` is no recipe field: a recipe calibrates on
+its own data), so `t2r convert` and recipes share one declaration."""
 
 
 @dataclass

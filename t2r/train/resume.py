@@ -11,15 +11,19 @@ the resumed run a different run, so it is refused with the list of differences. 
 
 from __future__ import annotations
 
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
+from t2r.convert.settings import ConvertSettings
 from t2r.data.fingerprint import changes as data_changes
+from t2r.settings import default_of
 
 from . import checkpoint, run_dir
 from .errors import CheckpointError, RunDirError
+from .fields import recipe_fields
 
 MUTABLE = ("name", "train.max_steps", "train.max_tokens", "train.lr", "train.min_lr_ratio", "train.warmup_steps",
            "train.schedule", "train.grad_clip", "train.gradient_checkpointing", "train.max_nonfinite_steps",
@@ -37,9 +41,21 @@ def flatten(values, prefix: str = "") -> dict:
     return {prefix: values}
 
 
+def with_added_fields(stored: dict) -> dict:
+    """A stored recipe with the `convert:` fields it lacks (added to t2r after it was written) at their defaults,
+    which that run used."""
+    convert = stored.get("convert")
+    if not isinstance(convert, dict):
+        return stored
+    added = {f.name: default_of(f) for f in recipe_fields(ConvertSettings)
+             if f.name not in convert and default_of(f) is not MISSING}
+    return {**stored, "convert": {**convert, **added}}
+
+
 def differences(stored: dict, current: dict) -> list[tuple[str, object, object]]:
-    """(field, stored value, current value) for every field that differs, in field order."""
-    old, new = flatten(stored), flatten(current)
+    """(field, stored value, current value) for every field that differs, in field order; a `convert:` field the
+    stored recipe predates counts at its default (`with_added_fields`)."""
+    old, new = flatten(with_added_fields(stored)), flatten(current)
     unset = "(unset)"
     keys = list(old) + [k for k in new if k not in old]
     return [(k, old.get(k, unset), new.get(k, unset)) for k in keys if old.get(k, unset) != new.get(k, unset)]

@@ -19,9 +19,36 @@ def test_the_recipe_section_is_convert_settings():
     convert = make_recipe("convert.rank_by=halo").convert
     assert isinstance(convert, ConvertSettings) and convert.rank_by == "halo"
     resolved = make_recipe().to_dict()["convert"]
-    assert set(resolved) == {"target", "layers", "options", "rank_by", "rank_sweep", "init"}  # no CLI-only field
-    with pytest.raises(RecipeError, match="convert.calibration_rows: a command-line setting, not a recipe field"):
-        make_recipe("convert.calibration_rows=8")
+    assert set(resolved) == {"target", "layers", "options", "rank_by", "rank_sweep", "init", "calibration_rows",
+                             "calibration_length"}  # not `data`: a recipe calibrates on its own data
+    assert make_recipe("convert.calibration_rows=8").convert.calibration_rows == 8
+    with pytest.raises(RecipeError, match="convert.data: a command-line setting, not a recipe field"):
+        make_recipe("convert.data=text.jsonl")
+    with pytest.raises(RecipeError, match="convert.calibration_length: .*<= 1048576"):
+        make_recipe("convert.calibration_length=1e30")
+
+
+def test_a_recipe_calibrates_as_its_convert_section_says(tmp_path, source_dir, corpus, monkeypatch):
+    """`convert.calibration_rows` / `calibration_length` reach `calibrated_convert` (the length capped at the
+    recipe's `data.seq_len`), as `--calibration-rows` / `--calibration-length` do for `t2r convert`."""
+    from t2r.train import model_setup
+    from tests.helpers.recipes import recipe
+
+    asked = {}
+
+    class Enough(Exception):
+        """Nothing past the calibration's settings is needed."""
+
+    def spy(*args, **kwargs):
+        asked.update(rows=kwargs["rows"], length=kwargs["length"])
+        raise Enough
+
+    monkeypatch.setattr(model_setup, "calibrated_convert", spy)
+    for overrides, expected in [({}, (4, 32)), ({"convert.calibration_rows": 2, "convert.calibration_length": 16,
+                                                 "data.seq_len": 64}, (2, 16))]:
+        with pytest.raises(Enough):
+            model_setup.build_model(recipe(tmp_path, source_dir, corpus, **overrides))
+        assert (asked["rows"], asked["length"]) == expected
 
 
 def test_calibrated_convert_takes_its_defaults_from_the_settings():

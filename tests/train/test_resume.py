@@ -16,6 +16,22 @@ def files(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".lock")
 
 
+def test_a_recipe_written_before_a_convert_field_existed_still_resumes():
+    """A run's recipe.yaml without a `convert:` field added since (calibration_rows) ran with its default: no change;
+    a value other than the default is one."""
+    import yaml
+
+    from t2r.train.resume import differences
+    from tests.helpers.recipes import make_recipe
+
+    current = yaml.safe_load(yaml.safe_dump(make_recipe().to_dict(), sort_keys=False))
+    stored = yaml.safe_load(yaml.safe_dump(make_recipe().to_dict(), sort_keys=False))
+    del stored["convert"]["calibration_rows"], stored["convert"]["calibration_length"]
+    assert differences(stored, current) == []
+    current["convert"]["calibration_rows"] = 8
+    assert differences(stored, current) == [("convert.calibration_rows", 4, 8)]
+
+
 def test_resume_in_a_directory_of_the_users_files_deletes_nothing(tmp_path, source_dir, corpus, capsys):
     recipe(tmp_path, source_dir, corpus, run="mine")
     root = tmp_path / "mine"
