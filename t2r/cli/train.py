@@ -203,15 +203,18 @@ def release_host_memory() -> None:
 
 
 def check_recipe_data(recipe) -> None:
-    """The data checks of `finetune` for `--dry-run`, which loads nothing: the first documents of every local
-    file, then, when the tokenizer is a local directory, one packed row of each part. A real run leaves them to
-    `finetune`, which makes them once, before the model loads."""
-    from t2r.data.check import check_files, check_rows
+    """The data checks of `finetune` for `--dry-run`, which loads no model: the first documents of every local
+    file, the rows without text (counted), then, when the tokenizer is a local directory, one packed row of each
+    part. A real run leaves them to `finetune`, which makes them once, before the model loads."""
+    from t2r.data.check import check_files, check_rows, check_skipped
     from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
 
     cfg = recipe.data.data_config()
     check_files(cfg)
+    note = check_skipped(cfg)
+    if note:
+        print(note)
     source = Path(recipe.model.source).expanduser()
     if is_local(os.path.expanduser(cfg.path)) and (source / "tokenizer_config.json").is_file():
         check_rows(cfg, load_tokenizer(str(source)), recipe.data.seq_len, recipe.train.seed)

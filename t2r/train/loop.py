@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from t2r.data.check import check_files, check_rows
+from t2r.data.check import check_files, check_rows, check_skipped
 from t2r.data.fingerprint import fingerprint
 from t2r.models.model_card import write_model_card
 from t2r.outputs import quiet_libraries
@@ -60,7 +60,9 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     if resume:
         from_main_process(lambda: require_run_dir(Path(recipe.checkpoint.dir)))
     with quiet_libraries(), clock.part("data check"):
-        from_main_process(lambda: _check_data(recipe))  # before the model loads, and before the directory is made
+        note = from_main_process(lambda: _check_data(recipe))  # before the model loads and the directory is made
+    if note:
+        accelerator.print(note)
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
     try:
         note = from_main_process(lock.acquire if lock else None)
@@ -87,10 +89,13 @@ def _accelerator(recipe):
                        log_with=recipe.logging.trackers or None, project_dir=str(Path(recipe.checkpoint.dir) / "logs"))
 
 
-def _check_data(recipe) -> None:
-    """Data errors before the model loads: the files' first documents, then one packed row of each part."""
+def _check_data(recipe) -> str | None:
+    """Data errors before the model loads: the files' first documents, the rows without text (returns the line
+    that counts those skipped), then one packed row of each part."""
     check_files(recipe.data.data_config())
+    note = check_skipped(recipe.data.data_config())
     check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
+    return note
 
 
 def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock: StartupClock) -> dict:

@@ -108,6 +108,17 @@ def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(t
         capsys.readouterr().err
     assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 0
     assert not (tmp_path / "run").exists()
+    data.write_text('{"text": "one document that is long enough"}\n' * 5 + '{"title": "no text"}\n')
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 2
+    assert (f"error: data: 1 of 6 rows (16.67%) have no text in 'text' (missing, null or blank; the first: {data}, "
+            "line 6), more than data.max_skipped=0.01") in capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0", "data.max_skipped=0.2"]) == 0
+    assert f"data: 1 of 6 rows (16.67%) have no text in 'text' (missing, null or blank; the first: {data}, line 6): " \
+           "skipped" in capsys.readouterr().out
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.max_skipped=2"]) == 2
+    assert "data.max_skipped: must be <= 1, got 2" in capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "data.held_out=0", "data.max_skipped=0.2"]) == 0  # said in runs
+    assert "data: 1 of 6 rows (16.67%) have no text" in capsys.readouterr().out
 
 
 def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys):
