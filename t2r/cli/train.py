@@ -203,14 +203,17 @@ def release_host_memory() -> None:
 
 
 def check_recipe_data(recipe) -> None:
-    """The data checks of `finetune` for `--dry-run`, which loads no model: the first documents of every local
-    file, the rows without text (counted), then, when the tokenizer is a local directory, one packed row of each
-    part. A real run leaves them to `finetune`, which makes them once, before the model loads."""
+    """The data checks of `finetune` for `--dry-run`, which loads no model: rows longer than the source's
+    positions, the first documents of every local file, the rows without text (counted), then, when the
+    tokenizer is a local directory, one packed row of each part. A real run leaves them to `finetune`, which makes
+    them once, before the model loads."""
     from t2r.data.check import check_files, check_rows, check_skipped
     from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
+    from t2r.train.checks import check_positions
 
     cfg = recipe.data.data_config()
+    check_positions(recipe)
     check_files(cfg)
     note = check_skipped(cfg)
     if note:

@@ -25,6 +25,7 @@ from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
 from .batches import heldout_loss
+from .checks import check_positions
 from .errors import CollapseError
 from .export import save_final
 from .guard import collapsed_model
@@ -90,8 +91,9 @@ def _accelerator(recipe):
 
 
 def _check_data(recipe) -> str | None:
-    """Data errors before the model loads: the files' first documents, the rows without text (returns the line
-    that counts those skipped), then one packed row of each part."""
+    """Data errors before the model loads: rows longer than the source's positions, the files' first documents,
+    the rows without text (returns the line that counts those skipped), then one packed row of each part."""
+    check_positions(recipe)
     check_files(recipe.data.data_config())
     note = check_skipped(recipe.data.data_config())
     check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
