@@ -127,6 +127,7 @@ def run_run(args) -> int:
     recipe = loaded_recipe(args)  # the eval section is validated here too (no torch yet)
     settings = recipe.eval or EvalSettings(suites=["ppl"])
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
+    check_eval_rows(recipe, settings, fetch=not args.dry_run)  # and its held-out text hold the rows it asks for
     if args.dry_run:
         check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
@@ -186,6 +187,29 @@ def check_eval_lengths(recipe, settings) -> None:
         check_length_limits(limits, settings)
     except ValueError as err:
         raise ValueError(f"eval: {err} (checked before training; the recipe's eval section sets it)") from None
+
+
+def check_eval_rows(recipe, settings, fetch: bool) -> None:
+    """The `eval:` section's perplexity rows against its held-out text, tokenised by the source's tokenizer (the
+    trained model's). Without `fetch` (`--dry-run`), only a tokenizer in a local directory is read; one that cannot
+    be read (an offline hub id) is left to the evaluation itself."""
+    from t2r.eval.settings import HELD_OUT
+    from t2r.eval.suite import check_ppl_rows
+    from t2r.sources import load_tokenizer
+
+    data = recipe.data.data_config() if settings.data == HELD_OUT else None
+    tokenizer = None
+    if data is not None or settings.data:
+        if not fetch and not (Path(recipe.model.source).expanduser() / "tokenizer_config.json").is_file():
+            return
+        try:
+            tokenizer = load_tokenizer(recipe.model.source)
+        except OSError:
+            return
+    try:
+        check_ppl_rows(settings, tokenizer, data, recipe.train.seed)
+    except ValueError as err:
+        raise ValueError(f"{err} (checked before training; the recipe's eval section sets it)") from None
 
 
 def release_host_memory() -> None:
