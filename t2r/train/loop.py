@@ -31,6 +31,7 @@ from .export import save_final
 from .guard import collapsed_model
 from .model_setup import from_main_process
 from .recipe import save_resolved
+from .rendezvous import joined
 from .resume import check_same_data, choose_start, require_run_dir
 from .run_dir import RunLock
 from .signals import StopOnSignal
@@ -81,7 +82,7 @@ def _accelerator(recipe):
     from accelerate.state import AcceleratorState, GradientState
 
     cpu = not torch.cuda.is_available()  # accelerate only forms a multi-process CPU group when told (gloo)
-    accum = recipe.grad_accum_steps(PartialState(cpu=cpu).num_processes)
+    accum = recipe.grad_accum_steps(joined(lambda: PartialState(cpu=cpu)).num_processes)  # the group, or one line
     # a second run in one process (tests, notebooks) may use another precision or accumulation; the
     # process group (PartialState) is kept
     AcceleratorState._reset_state(reset_partial_state=False)
