@@ -18,12 +18,12 @@ _EXPORTS = {
     "ARCHITECTURES": "t2r.models", "T2RCache": "t2r.models", "MIXERS": "t2r.layers", "MixerOptions": "t2r.layers",
     "MixerSpec": "t2r.layers", "register_mixer": "t2r.layers", "register_source": "t2r.models",
     "ConversionReport": "t2r.convert", "conversion_report": "t2r.convert", "convert": "t2r.convert",
-    "t2r_config": "t2r.convert", "save_converted": "t2r.model_dir",
+    "t2r_config": "t2r.convert", "save_converted": "t2r.model_dir", "save_adapter": "t2r.model_dir",
 }
 
 __all__ = [
     "ARCHITECTURES", "ConversionReport", "MIXERS", "MixerOptions", "MixerSpec", "T2RCache", "register_mixer",
-    "register_source", "conversion_report", "convert", "ops", "save_converted", "t2r_config",
+    "register_source", "conversion_report", "convert", "ops", "save_adapter", "save_converted", "t2r_config",
 ]
 
 
@@ -54,5 +54,5 @@ if not _in_command_line():
     from t2r import ops  # noqa: E402
     from t2r.convert import ConversionReport, conversion_report, convert, t2r_config  # noqa: E402
     from t2r.layers import MIXERS, MixerOptions, MixerSpec, register_mixer  # noqa: E402
-    from t2r.model_dir import save_converted  # noqa: E402
+    from t2r.model_dir import save_adapter, save_converted  # noqa: E402
     from t2r.models import ARCHITECTURES, T2RCache, register_source  # noqa: E402

@@ -30,9 +30,10 @@ LOADED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".mo
                    ".jinja", ".py")
 """Files a model load may read: added to a verified model directory, they are refused (other files, a README or
 notes, are left alone)."""
-T2R_RECORDS = ("t2r_conversion.json", "recipe.yaml")
+T2R_RECORDS = ("t2r_conversion.json", "recipe.yaml", "t2r_adapter.json")
 """Files only t2r writes into a model directory (the conversion record of `t2r convert`, a run's recipe in
-`final/` and exports): a directory holding one was written by t2r, with a manifest."""
+`final/` and exports, the record of `t2r.save_adapter`): a directory holding one was written by t2r, with a
+manifest."""
 REWRITE = "re-export it (or `t2r convert --overwrite` for a conversion) or restore it from a copy"
 """What to do about a damaged model directory t2r wrote."""
 

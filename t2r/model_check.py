@@ -24,10 +24,11 @@ def gguf_error(file: str | Path, err: Exception) -> DamagedModelError:
                              f"{reason}): the file is truncated or damaged; download or copy it again")
 
 
-def load_error(directory: str | Path, err: Exception) -> DamagedModelError:
-    """The one-line error for a model directory whose files fail to load (a damaged pickle or safetensors file)."""
+def load_error(directory: str | Path, err: Exception, what: str = "model") -> DamagedModelError:
+    """The one-line error for a model (or adapter) directory whose files fail to load (a damaged pickle or
+    safetensors file)."""
     reason = str(err).splitlines()[0] if str(err) else ""
-    return DamagedModelError(f"{directory}: cannot load the model ({type(err).__name__}: {reason}): a weights file "
+    return DamagedModelError(f"{directory}: cannot load the {what} ({type(err).__name__}: {reason}): a weights file "
                              "is damaged or not a model file; restore it from a copy or write it again")
 
 
@@ -47,14 +48,57 @@ def require_exact_tensors(info: dict, where: str) -> None:
                                     "restore them from a copy or write them again")
 
 
+def is_adapter(path: str | Path) -> bool:
+    """A peft adapter directory: an `adapter_config.json` and no model config."""
+    return (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The base model `path/adapter_config.json` names, refused in one line when it names none or leads back to
+    the adapter (itself, or an adapter based on this one: loading would recurse without end)."""
+    base = _named_base(Path(path))
+    chain, following = [Path(path).resolve()], Path(base).expanduser()
+    while is_adapter(following):
+        if following.resolve() in chain:
+            raise ValueError(f"{path}/adapter_config.json names {base} as its base model, which leads back to this "
+                             "adapter: set base_model_name_or_path to the model the adapter was trained on")
+        chain.append(following.resolve())
+        following = Path(_named_base(following)).expanduser()
+    return base
+
+
+def _named_base(adapter: Path) -> str:
+    import json
+
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or base == "None":
+        raise ValueError(f"{adapter} holds only a LoRA adapter and names no base model (base_model_name_or_path is "
+                         f"{base!r}; older t2r LoRA runs saved final/ so): rerun the finetune, which now saves the "
+                         "merged model, or set base_model_name_or_path to the converted model it was trained on")
+    return str(base)
+
+
 def adapter_loaded_whole(load, path: str | Path):
     """`load()` (peft's `PeftModel.from_pretrained`), refusing an adapter file that lacks some of the adapter's
-    tensors (peft only warns, and leaves them at their initial values)."""
+    tensors (peft only warns, and leaves them at their initial values), or that cannot be read (a pickle holding
+    more than tensors, which `torch.load(weights_only=True)` refuses, a damaged file), in one line."""
+    import pickle
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = load()
+        try:
+            model = load()
+        except pickle.UnpicklingError as err:
+            lines = [line.strip() for line in str(err).splitlines() if "WeightsUnpickler error:" in line]
+            reason = lines[0].split("error:", 1)[1].split(" was not", 1)[0].strip() if lines else "not readable"
+            raise DamagedModelError(f"{path}: the adapter's pickle holds more than tensors ({reason}), which t2r does "
+                                    "not run: save the adapter as safetensors (peft's save_pretrained default) "
+                                    "from a copy you trust") from None
+        except Exception as err:  # noqa: BLE001 - damage shows as safetensors', torch's or peft's errors
+            if isinstance(err, (ValueError, OSError)) and str(err).count("\n") == 0:
+                raise
+            raise load_error(path, err, "adapter") from err
     for warning in caught:
         message = str(warning.message)
         if "missing adapter keys" in message:

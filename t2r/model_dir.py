@@ -4,7 +4,7 @@ A directory is filled aside (`.tmp-<name>` next to it): weights, config and toke
 card (`README.md`), file modes as the umask gives them, and `manifest.json` last (every file's size and SHA-256,
 which loading checks); then it takes the place of the old one in one step, which stays until the new one is
 complete. `save_converted` is what `t2r convert` writes; `t2r finetune`'s `final/` and the default model's dense
-copy use `write_model_dir` too.
+copy use `write_model_dir` too; `save_adapter` writes a peft adapter directory the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from t2r.outputs import follow_umask, real_path, replace_dir
 
 CONVERSION_FILE = "t2r_conversion.json"
 """Written next to the weights of a fresh conversion: the model is converted, not trained."""
+ADAPTER_FILE = "t2r_adapter.json"
+"""Written next to the weights of an adapter `save_adapter` saved: t2r wrote it (so it has a manifest)."""
 
 
 def staging_dir(out) -> Path:
@@ -67,3 +69,25 @@ def save_converted(model, tokenizer, out, *, source: str | None = None, target: 
         (tmp / CONVERSION_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
     return write_model_dir(out, write, made_by=made_by, started=started)
+
+
+def save_adapter(model, out, *, base: str | None = None, tokenizer=None, made_by: str = "t2r.save_adapter") -> Path:
+    """Save the adapters of a peft `model` as peft does (safetensors and `adapter_config.json`), naming `base`
+    (the model they were trained on; default: the one peft recorded) as their base, with the tokenizer if given,
+    t2r's record (`ADAPTER_FILE`) and a manifest, so that t2r's loaders refuse a damaged copy."""
+    out = Path(out)
+    peft_config = model.peft_config[model.active_adapter]
+    base = str(base or peft_config.base_model_name_or_path or "")
+    if not base or base == "None" or Path(base).expanduser().resolve() == out.resolve():
+        raise ValueError(f"{out}: the adapter needs the model it was trained on as its base (base_model_name_or_path "
+                         f"is {base!r}): pass base='<converted model directory or hub id>' to save_adapter")
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        config = json.loads((tmp / "adapter_config.json").read_text())
+        (tmp / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base}, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / ADAPTER_FILE).write_text(json.dumps({"saved_by": made_by, "base": base}, indent=1) + "\n")
+
+    return write_model_dir(out, write)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from t2r import manifest, model_check
+from t2r.model_check import is_adapter
 from t2r.paths import cache_dir, check_model_spec, hub_error, is_local
 
 SMOLLM2 = "smollm2"
@@ -196,28 +197,23 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
     return model.eval(), tokenizer
 
 
-def is_adapter(path: str) -> bool:
-    return (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file()
-
-
 def load_adapter(path: str, dtype=None, device: str | None = None):
-    """(model with the adapter merged in, tokenizer) for a peft LoRA adapter directory."""
-    import json
-
+    """(model with the adapter merged in, tokenizer) for a peft LoRA adapter directory: checked against its
+    manifest when t2r wrote it, refused when its base leads back to it, unreadable or non-finite."""
     from peft import PeftModel
 
-    base = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    if not base or base == "None":
-        raise ValueError(f"{path} holds only a LoRA adapter and names no base model (base_model_name_or_path is "
-                         f"{base!r}; older t2r LoRA runs saved final/ so): rerun the finetune, which now saves the "
-                         "merged model, or set base_model_name_or_path to the converted model it was trained on")
-    model, tokenizer = load_source(base, dtype=dtype, device=device)
+    from t2r.models.loading import verify_before_loading
+
+    verify_before_loading(Path(path))  # one t2r wrote (`t2r.save_adapter`): as written, and with its manifest
+    model, tokenizer = load_source(model_check.adapter_base(path), dtype=dtype, device=device)
     if any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
     model = model_check.adapter_loaded_whole(lambda: PeftModel.from_pretrained(model, path), path)
-    return model.merge_and_unload().eval(), tokenizer
+    merged = model.merge_and_unload().eval()
+    model_check.require_finite(merged, path, "restore the adapter from a copy")
+    return merged, tokenizer
 
 
 def cache_entries() -> list[tuple[Path, int, str]]:

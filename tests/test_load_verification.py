@@ -72,6 +72,13 @@ def test_a_t2r_directory_without_its_manifest_is_refused(copy):
     assert "t2r convert --overwrite" in message
 
 
+def test_a_t2r_directory_without_its_manifest_is_refused_by_load_source_too(copy):
+    """Before, load_source's own check (no manifest: nothing to check) let from_pretrained skip the refusal."""
+    (copy / manifest.MANIFEST).unlink()
+    with pytest.raises(DamagedModelError, match=f"gsa: manifest.json is missing, yet {CONVERSION_FILE} says t2r"):
+        load_source(str(copy))
+
+
 def test_a_run_final_dir_without_its_manifest_is_refused(copy):
     (copy / CONVERSION_FILE).rename(copy / "recipe.yaml")  # final/ and exports hold the run's recipe instead
     (copy / manifest.MANIFEST).unlink()

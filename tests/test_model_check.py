@@ -138,13 +138,16 @@ def test_a_damaged_pickle_only_model_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("damage", ["missing slot_gate", "missing MLP weight", "unexpected tensor"])
 def test_a_missing_or_unexpected_tensor_is_an_error_naming_it(converted, tmp_path, capsys, damage):
     """Before, a tensor removed from the safetensors loaded as random weights with exit 0 (transformers' MISSING
-    note on stderr the only trace). Without a manifest (deleted, or a model saved by other tools), the tensor
-    names themselves are checked."""
+    note on stderr the only trace). Without a manifest (a model saved by other tools: no t2r record either), the
+    tensor names themselves are checked."""
     from safetensors.torch import load_file, save_file
+
+    from t2r.model_dir import CONVERSION_FILE
 
     broken = tmp_path / "gsa"
     shutil.copytree(converted, broken)
     (broken / manifest.MANIFEST).unlink()
+    (broken / CONVERSION_FILE).unlink()  # with it, a missing manifest is refused (tests/test_load_verification.py)
     state = load_file(broken / "model.safetensors")
     name = {"missing slot_gate": "model.layers.1.self_attn.slot_gate.weight",
             "missing MLP weight": "model.layers.0.mlp.down_proj.weight", "unexpected tensor": "model.extra.weight"}

@@ -123,10 +123,11 @@ def eval_plan(recipe, settings) -> str:
 def run_run(args) -> int:
     recipe = loaded_recipe(args)  # the eval section is validated here too (no torch yet)
     if args.dry_run:
-        from t2r.train.pipeline import check_eval_lengths, run_eval_settings
+        from t2r.train.pipeline import check_eval_lengths, check_eval_rows, run_eval_settings
 
         settings = run_eval_settings(recipe)
         check_eval_lengths(recipe, settings)  # as the run itself does before training
+        check_eval_rows(recipe, settings, fetch=False)
         check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
@@ -142,15 +143,21 @@ def run_run(args) -> int:
 
 
 def check_recipe_data(recipe) -> None:
-    """The data checks of `finetune` for `--dry-run`, which loads nothing: the first documents of every local
-    file, then, when the tokenizer is a local directory, one packed row of each part. A real run leaves them to
-    `finetune`, which makes them once, before the model loads."""
-    from t2r.data.check import check_files, check_rows
+    """The data checks of `finetune` for `--dry-run`, which loads no model: rows longer than the source's
+    positions, the first documents of every local file, the rows without text (counted), then, when the
+    tokenizer is a local directory, one packed row of each part. A real run leaves them to `finetune`, which makes
+    them once, before the model loads."""
+    from t2r.data.check import check_files, check_rows, check_skipped
     from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
+    from t2r.train.checks import check_positions
 
     cfg = recipe.data.data_config()
+    check_positions(recipe)
     check_files(cfg)
+    note = check_skipped(cfg)
+    if note:
+        print(note)
     source = Path(recipe.model.source).expanduser()
     if is_local(os.path.expanduser(cfg.path)) and (source / "tokenizer_config.json").is_file():
         check_rows(cfg, load_tokenizer(str(source)), recipe.data.seq_len, recipe.train.seed)

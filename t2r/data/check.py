@@ -1,17 +1,34 @@
 """Data checks that run before a model loads: every error names the file, the line and the fix.
 
-`check_files` (`t2r.data.files`) reads every local file of a `DataConfig` with plain Python; `check_rows` then
-tokenises the real training and held-out streams until each gives one packed row of `seq_len` tokens.
+`check_files` (`t2r.data.files`) reads every local file of a `DataConfig` with plain Python; `check_skipped` counts
+the rows the stream skips (no text) and refuses too many; `check_rows` then tokenises the real training and
+held-out streams until each gives one packed row of `seq_len` tokens.
 """
 
 from __future__ import annotations
 
 from .config import DataConfig
-from .documents import load_documents
-from .files import DataError, check_files
+from .documents import load_documents, rows_without_text
+from .files import DataError, check_files, first_without_text
 from .packing import PackedSequences
 
-__all__ = ["DataError", "check_files", "check_rows"]
+__all__ = ["DataError", "check_files", "check_rows", "check_skipped"]
+
+
+def check_skipped(cfg: DataConfig) -> str | None:
+    """DataError when more than `cfg.max_skipped` of the rows of `cfg`'s local files hold no text (the field
+    missing, null or blank: the stream skips them); else one line saying how many are skipped and where the
+    first is, or None when none is (or for a hub dataset, not read ahead)."""
+    counted = rows_without_text(cfg)
+    if not counted or not counted[0]:
+        return None
+    skipped, total = counted
+    what = (f"data: {skipped:,} of {total:,} rows ({skipped / total:.2%}) have no text in {cfg.text_field!r} "
+            f"(missing, null or blank; the first: {first_without_text(cfg)})")
+    if skipped > cfg.max_skipped * total:
+        raise DataError(f"{what}, more than data.max_skipped={cfg.max_skipped:g}: fix or delete those rows, set "
+                        "data.text_field to the field holding the text, or raise data.max_skipped")
+    return f"{what}: skipped"
 
 
 def check_rows(cfg: DataConfig, tokenizer, seq_len: int, seed: int) -> None:

@@ -23,3 +23,4 @@ class DataConfig:
     held_out: int = 0                # documents kept aside for validation
     shuffle_buffer: int = 10_000     # streaming shuffle buffer (documents)
     max_documents: int | None = None  # stop after this many training documents
+    max_skipped: float = 0.01        # most rows without text (field missing, null, blank) skipped; more: refused

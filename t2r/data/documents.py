@@ -69,6 +69,21 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
     return dataset
 
 
+def rows_without_text(cfg: DataConfig) -> tuple[int, int] | None:
+    """(rows whose `text_field` is missing, null or blank, all rows) of `cfg`'s local files as `datasets` reads
+    them (the training stream skips those rows); None for a hub dataset or streamed files (not read ahead)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not is_local(os.path.expanduser(cfg.path)) or cfg.streaming:
+        return None
+    column = open_dataset(cfg).data.column(cfg.text_field)
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        return None  # no strings at all: refused by the file checks and the stream
+    blank = pc.sum(pc.equal(pc.utf8_trim_whitespace(column), "")).as_py() or 0
+    return column.null_count + blank, len(column)
+
+
 def content_key(cfg: DataConfig) -> str:
     """A name for `datasets`' cache of `cfg`'s local files that changes with their content (their fingerprints,
     `t2r.data.fingerprint`: SHA-256 of each file, sampled above 1 GiB)."""

@@ -256,3 +256,36 @@ def _parquet(path: Path, field: str, limit: int | None) -> tuple[int, bool]:
 
 CHECKS = {"json": _json, "text": _text, "parquet": _parquet}
 
+
+def first_without_text(cfg: DataConfig) -> str:
+    """Where the first row of `cfg`'s local files without text (its field missing, null or blank) is: "file, line
+    N" (a row of a JSON array or Parquet file by its number, a blank .txt file by its name)."""
+    builder, files = local_files(os.path.expanduser(cfg.path))
+    for file in map(Path, files):
+        for where, text in _rows(builder, file, cfg.text_field):
+            if text is None or (isinstance(text, str) and not text.strip()):
+                return where
+    return cfg.path
+
+
+def _rows(builder: str, file: Path, field: str):
+    """(where, text) of each row of a file `datasets` read whole (so every row is valid)."""
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        batches = pq.ParquetFile(file).iter_batches(columns=[field])
+        for number, text in enumerate((t for batch in batches for t in batch.column(0).to_pylist()), 1):
+            yield f"{file}, row {number}", text
+        return
+    with _open(file) as fh:
+        if builder == "text":
+            yield f"{file} (blank)", fh.read().decode("utf-8", errors="replace")
+            return
+        head = fh.read(1 << 16)
+        if head.lstrip()[:1] == b"[":  # one JSON array
+            for number, row in enumerate(json.loads(head + fh.read()), 1):
+                yield f"{file}, row {number}", row.get(field)
+            return
+        for number, raw in enumerate(_lines(head, fh), 1):
+            if raw.strip():
+                yield f"{file}, line {number}", json.loads(raw).get(field)

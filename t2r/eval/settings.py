@@ -21,6 +21,9 @@ HELD_OUT = "held-out"
 DECODE_MODES = ("eager", "static")
 FRONTIER_WINDOWS = (32, 64, 128, 256, 512, 1024)
 EVAL_DTYPES = ("auto", *DTYPE_NAMES)
+NEEDED_LISTS = {"mqar_pairs": "mqar", "passkey_lengths": "passkey", "passkey_depths": "passkey",
+                "bench_contexts": "bench", "bench_batch_sizes": "bench"}
+"""List settings a suite cannot run without a value of (an empty one divided by zero, or measured nothing)."""
 GROUPS = {
     "what": "what to measure",
     "ppl": "perplexity by position, against sliding-window baselines",
@@ -79,7 +82,7 @@ class EvalSettings:
               "documents", "ppl", default_text="generated long documents")
     data_documents: int = setting(256, "how many held-out documents to read from --data", "ppl", min=1)
     text_field: str = setting("text", "the JSON field holding the text in --data", "ppl")
-    ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl", min=1)
+    ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl", min=2)  # 1: nothing to predict
     ppl_rows: int = setting(16, "perplexity rows", "ppl", min=1)
     pack: bool = setting(False, "join documents end to end (EOS between) instead of using documents at least "
                                 "--ppl-length long", "ppl")
@@ -128,6 +131,10 @@ class EvalSettings:
         """Raise ValueError naming the bad field, before anything loads: the bounds and choices each field
         declares (`t2r.settings.check_settings`), then the held-out texts."""
         check_settings(self)
+        for name, suite in NEEDED_LISTS.items():
+            if suite in self.suites and not getattr(self, name):
+                raise ValueError(f"{name} is an empty list, which the {suite} suite needs values of: give at least "
+                                 f"one, or leave {suite} out of the suites")
         if self.data not in (None, HELD_OUT):
             from t2r.data.documents import is_local, local_files
 

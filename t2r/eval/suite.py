@@ -136,6 +136,37 @@ def check_length_limits(limits: dict[str, int | None], settings: EvalSettings) -
                                  f"(max_position_embeddings); lower the length")
 
 
+def check_ppl_rows(settings: EvalSettings, tokenizer, data: DataConfig | None = None,
+                   data_seed: int | None = None) -> dict:
+    """{label: rows} of each held-out text perplexity and KL score (`Run.rows`), or a ValueError in one line when
+    one gives fewer rows than `settings.ppl_rows` (after the quick look's cut), before anything is scored: a text
+    has at most its documents (`data.held_out` of a recipe, `data_documents` of `--data`; generated ones: as many
+    as rows asked, up to `data_documents`, written and read when scored)."""
+    from t2r.data.rows import token_rows
+
+    settings, _ = quick.shrink(settings)
+    if not any(suite.texts and suite.name in settings.suites for suite in SUITES):
+        return {}
+    asked = f"eval.ppl_rows: {settings.ppl_rows:,} rows of {settings.ppl_length:,} tokens asked"
+    if data is None and settings.data is None:
+        if settings.ppl_rows > settings.data_documents:
+            raise ValueError(f"{asked}, but the generated held-out text is at most data_documents="
+                             f"{settings.data_documents} documents (one row each); lower ppl_rows or raise "
+                             "data_documents")
+        return {}
+    more = "data.held_out" if data is not None else "eval.data_documents"
+    rows = {}
+    for label, config in held_out_texts(settings, None, data):
+        rows[label] = token_rows(config, tokenizer, settings.ppl_length, settings.ppl_rows,
+                                 settings.seed if data_seed is None else data_seed, settings.pack)
+        if (found := len(rows[label])) < settings.ppl_rows:
+            each = "joined end to end" if settings.pack else f"of at least {settings.ppl_length:,} tokens each"
+            raise ValueError(f"{asked}, but {label} gives {found} ({config.held_out} documents read, {each}); lower "
+                             f"ppl_rows or ppl_length, or read more documents ({more})"
+                             f"{'' if settings.pack else ' or join them (pack)'}")
+    return rows
+
+
 def held_out_texts(settings: EvalSettings, out_dir, data: DataConfig | None = None) -> list[tuple[str, DataConfig]]:
     """(label, data) of every held-out text perplexity and KL are scored on: `data` when given (a recipe's own
     held-out documents), else each of `settings.data`'s texts, else generated long documents written to
@@ -211,6 +242,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
     found = contenders(model, model_name, baseline, baseline_name, settings, settings.ppl_length, fingerprint,
                        students)
     check_lengths(found, settings)
+    rows = check_ppl_rows(settings, tokenizer, data, data_seed)
     results["contenders"] = [contender_info(c, found) for c in found]
     asked = [s for s in SUITES if s.wanted(settings, specs)]
     for suite in asked:
@@ -222,7 +254,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
     if cuts:
         note(f"quick look (limit {settings.limit}): " + "; ".join(cuts))
     run = Run(settings, model, tokenizer, baseline, baseline_tokenizer, found, cache, fingerprint, specs, results,
-              data_seed)
+              data_seed, rows_of=rows)
     if any(s.texts for s in asked):  # generated documents are written only when a suite reads them
         run.texts = held_out_texts(settings, out_dir, data)
     for suite in asked:

@@ -32,10 +32,8 @@ def local_dir(path, kwargs: dict) -> Path | None:
 def verify_before_loading(directory: Path) -> bool:
     """Check `directory` against its manifest (unless t2r's loader just did); True when t2r wrote it (its
     weights are then checked finite after loading). DamagedModelError in one line otherwise."""
-    earlier = manifest.already_verified(directory)
-    if earlier is not None:  # load_source verified it: what it decided stands (no second hashing)
-        return earlier or manifest.t2r_record(directory) is not None
-    if manifest.verify_model_dir(directory, remember=False):
+    checked = manifest.already_verified(directory)  # t2r's loader just verified it: no second hashing
+    if checked if checked is not None else manifest.verify_model_dir(directory, remember=False):
         return True
     record = manifest.t2r_record(directory)
     if record is not None:

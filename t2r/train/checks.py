@@ -241,6 +241,24 @@ def check_recipe(recipe, check_files: bool) -> None:
         _check_paths(recipe)
 
 
+def check_positions(recipe) -> None:
+    """Every stage's rows fit the positions the source was trained on (its config's `max_position_embeddings`):
+    beyond them its softmax layers, its RoPE and a distillation teacher meet positions they never saw. Reads the
+    source's config alone; one that cannot be read (an offline hub id) is left to the model's loading."""
+    from t2r.sources import load_config
+
+    try:
+        limit = getattr(load_config(recipe.model.source), "max_position_embeddings", None)
+    except OSError:
+        return
+    for i, stage in enumerate(recipe.stage_list):
+        if limit and stage.seq_len > limit:
+            where = "data.seq_len" if recipe.stages is None else f"stages[{i}] ({stage.name}).seq_len"
+            raise RecipeError(f"{where}: {stage.seq_len:,} tokens a row, longer than the {limit:,} positions "
+                              f"{recipe.model.source} was trained on (max_position_embeddings); lower it to {limit:,} "
+                              "or less")
+
+
 def check_name(name: str, directory: str) -> None:
     """`name` names the run's directory (checkpoint.dir `runs/{name}`): a relative path that stays below the
     directory's parent, never absolute, `~`, `..` or `.`."""

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from t2r.data.check import check_files, check_rows
+from t2r.data.check import check_files, check_rows, check_skipped
 from t2r.data.fingerprint import fingerprint
 from t2r.models.model_card import write_model_card
 from t2r.outputs import quiet_libraries
@@ -25,11 +25,13 @@ from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
 from .batches import heldout_loss
+from .checks import check_positions
 from .errors import CollapseError
 from .export import save_final
 from .guard import collapsed_model
 from .model_setup import from_main_process
 from .recipe import save_resolved
+from .rendezvous import joined
 from .resume import check_same_data, choose_start, require_run_dir
 from .run_dir import RunLock
 from .signals import StopOnSignal
@@ -60,7 +62,9 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
     if resume:
         from_main_process(lambda: require_run_dir(Path(recipe.checkpoint.dir)))
     with quiet_libraries(), clock.part("data check"):
-        from_main_process(lambda: _check_data(recipe))  # before the model loads, and before the directory is made
+        note = from_main_process(lambda: _check_data(recipe))  # before the model loads and the directory is made
+    if note:
+        accelerator.print(note)
     lock = RunLock(recipe.checkpoint.dir) if accelerator.is_main_process else None
     try:
         note = from_main_process(lock.acquire if lock else None)
@@ -78,7 +82,7 @@ def _accelerator(recipe):
     from accelerate.state import AcceleratorState, GradientState
 
     cpu = not torch.cuda.is_available()  # accelerate only forms a multi-process CPU group when told (gloo)
-    accum = recipe.grad_accum_steps(PartialState(cpu=cpu).num_processes)
+    accum = recipe.grad_accum_steps(joined(lambda: PartialState(cpu=cpu)).num_processes)  # the group, or one line
     # a second run in one process (tests, notebooks) may use another precision or accumulation; the
     # process group (PartialState) is kept
     AcceleratorState._reset_state(reset_partial_state=False)
@@ -87,10 +91,14 @@ def _accelerator(recipe):
                        log_with=recipe.logging.trackers or None, project_dir=str(Path(recipe.checkpoint.dir) / "logs"))
 
 
-def _check_data(recipe) -> None:
-    """Data errors before the model loads: the files' first documents, then one packed row of each part."""
+def _check_data(recipe) -> str | None:
+    """Data errors before the model loads: rows longer than the source's positions, the files' first documents,
+    the rows without text (returns the line that counts those skipped), then one packed row of each part."""
+    check_positions(recipe)
     check_files(recipe.data.data_config())
+    note = check_skipped(recipe.data.data_config())
     check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
+    return note
 
 
 def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock: StartupClock) -> dict:

@@ -45,6 +45,7 @@ def finetune_and_evaluate(recipe, *, resume: bool = False, overwrite: bool = Fal
 
     settings = run_eval_settings(recipe)
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
+    check_eval_rows(recipe, settings, fetch=True)  # and its held-out text hold the rows it asks for
     metrics = finetune(recipe, resume=resume, overwrite=overwrite, callbacks=callbacks)
     root = Path(recipe.checkpoint.dir)
     final, out = root / "final", root / "eval"
@@ -88,6 +89,28 @@ def check_eval_lengths(recipe, settings: EvalSettings) -> None:
         check_length_limits(limits, settings)
     except ValueError as err:
         raise ValueError(f"eval: {err} (checked before training; the recipe's eval section sets it)") from None
+
+
+def check_eval_rows(recipe, settings, fetch: bool) -> None:
+    """The `eval:` section's perplexity rows against its held-out text, tokenised by the source's tokenizer (the
+    trained model's). Without `fetch` (`--dry-run`), only a tokenizer in a local directory is read; one that cannot
+    be read (an offline hub id) is left to the evaluation itself."""
+    from t2r.eval.suite import check_ppl_rows
+    from t2r.sources import load_tokenizer
+
+    data = recipe.data.data_config() if settings.data == HELD_OUT else None
+    tokenizer = None
+    if data is not None or settings.data:
+        if not fetch and not (Path(recipe.model.source).expanduser() / "tokenizer_config.json").is_file():
+            return
+        try:
+            tokenizer = load_tokenizer(recipe.model.source)
+        except OSError:
+            return
+    try:
+        check_ppl_rows(settings, tokenizer, data, recipe.train.seed)
+    except ValueError as err:
+        raise ValueError(f"{err} (checked before training; the recipe's eval section sets it)") from None
 
 
 def release_host_memory() -> None:

@@ -58,7 +58,8 @@ class DataSection(DataConfig):
     document_boundaries: bool = True  # reset the state / mask attention at document starts
     RULES: ClassVar[dict] = {
         "path": {"nonempty": True}, "held_out": {"min": 0}, "shuffle_buffer": {"min": 0},
-        "max_documents": {"min": 1}, "seq_len": {"min": 2},  # one token per row leaves nothing to predict
+        "max_documents": {"min": 1}, "max_skipped": {"min": 0, "max": 1},
+        "seq_len": {"min": 2},  # one token per row leaves nothing to predict
     }
 
     def data_config(self) -> DataConfig:

@@ -108,6 +108,17 @@ def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(t
         capsys.readouterr().err
     assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 0
     assert not (tmp_path / "run").exists()
+    data.write_text('{"text": "one document that is long enough"}\n' * 5 + '{"title": "no text"}\n')
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0"]) == 2
+    assert (f"error: data: 1 of 6 rows (16.67%) have no text in 'text' (missing, null or blank; the first: {data}, "
+            "line 6), more than data.max_skipped=0.01") in capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.held_out=0", "data.max_skipped=0.2"]) == 0
+    assert f"data: 1 of 6 rows (16.67%) have no text in 'text' (missing, null or blank; the first: {data}, line 6): " \
+           "skipped" in capsys.readouterr().out
+    assert main(["finetune", "--config", str(recipe), "--dry-run", "data.max_skipped=2"]) == 2
+    assert "data.max_skipped: must be <= 1, got 2" in capsys.readouterr().err
+    assert main(["finetune", "--config", str(recipe), "data.held_out=0", "data.max_skipped=0.2"]) == 0  # said in runs
+    assert "data: 1 of 6 rows (16.67%) have no text" in capsys.readouterr().out
 
 
 def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys):
@@ -145,6 +156,37 @@ def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path,
     assert main(["run", "--config", str(recipe), "--dry-run"]) == 2  # source it is compared with has one
     assert f"eval: ppl asks for 2048 tokens but {source} supports 256" in capsys.readouterr().err
     assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0
+
+
+def test_run_checks_its_perplexity_rows_against_the_held_out_text_before_training(tmp_path, capsys):
+    """Before: ppl_rows larger than the held-out text trained, then scored fewer rows without a word (or, with
+    generated documents and ppl_rows: 1e30, wrote documents until killed)."""
+    from t2r.data.synthetic import write_jsonl
+
+    source = save_tiny_source(tmp_path / "src", tokenizer="words")
+    data = write_jsonl(tmp_path / "train.jsonl", count=20)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa}}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: 3}}\n"
+                      "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n"
+                      "eval: {suites: [ppl], data: held-out, ppl_length: 16, ppl_rows: 1000000, baseline: none}\n")
+    capsys.readouterr()  # saving the tiny source
+    for extra in (["--dry-run"], []):
+        assert main(["run", "--config", str(recipe), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err == ("t2r run: error: eval.ppl_rows: 1,000,000 rows of 16 tokens asked, but train gives 3 (3 "
+                       "documents read, of at least 16 tokens each); lower ppl_rows or ppl_length, or read more "
+                       "documents (data.held_out) or join them (pack) (checked before training; the recipe's eval "
+                       "section sets it)\n")
+        assert not (tmp_path / "run").exists()  # nothing trained
+    assert main(["run", "--config", str(recipe), "--dry-run", "eval.data=null"]) == 2  # generated documents
+    assert "but the generated held-out text is at most data_documents=256 documents" in capsys.readouterr().err
+    assert main(["run", "--config", str(recipe), "--dry-run", "eval.ppl_rows=3"]) == 0
+    assert main(["eval", "--model", str(source), "--baseline", "none", "--suites", "ppl", "--data", str(data),
+                 "--data-documents", "5", "--ppl-length", "16", "--ppl-rows", "6", "--device", "cpu",
+                 "--out", str(tmp_path / "eval")]) == 2
+    assert "eval.ppl_rows: 6 rows of 16 tokens asked, but train gives 5 (5 documents read" in capsys.readouterr().err
 
 
 def test_a_cut_off_compressed_data_file_is_one_line_in_a_dry_run(tmp_path, capsys):

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from t2r.data import DataConfig, load_documents
-from t2r.data.check import DataError, check_files, check_rows
+from t2r.data.check import DataError, check_files, check_rows, check_skipped
 from tests.helpers.data import char_tokenizer
 
 GOOD = '{"text": "a fine document"}\n'
@@ -109,3 +109,38 @@ def test_a_cut_off_compressed_file_is_named_in_one_line(tmp_path):
     assert check_files(DataConfig(path=str(late))) is None  # the first documents read fine
     with pytest.raises(DataError, match=r"late.jsonl.gz: the compressed file is cut off or damaged"):
         list(load_documents(DataConfig(path=str(late)), 0))
+
+
+@pytest.mark.parametrize("bad, where", [
+    ('{"id": 7}', "line 2501"),           # no text field
+    ('{"text": null}', "line 2501"),      # null
+    ('{"text": "  "}', "line 2501"),      # blank
+])
+def test_rows_without_text_deep_in_a_file_are_counted_named_and_refused_above_the_fraction(tmp_path, bad, where):
+    """Before: skipped without a word, in --dry-run and in the run (the file checks read only the first rows)."""
+    lines = [json.dumps({"text": f"document {i}", "id": i}) for i in range(3000)]
+    lines[2500] = bad
+    path = write(tmp_path / "d.jsonl", "\n".join(lines) + "\n")
+    note = check_skipped(DataConfig(path=str(path)))
+    assert note == (f"data: 1 of 3,000 rows (0.03%) have no text in 'text' (missing, null or blank; the first: "
+                    f"{path}, {where}): skipped")
+    for i in range(1000, 1100):
+        lines[i] = bad
+    write(path, "\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"data: 101 of 3,000 rows \(3.37%\) .* the first: {path}, line 1001\), more "
+                                        r"than data.max_skipped=0.01: fix or delete those rows"):
+        check_skipped(DataConfig(path=str(path)))
+    assert "101 of 3,000 rows" in check_skipped(DataConfig(path=str(path), max_skipped=0.05))
+
+
+def test_rows_without_text_in_parquet_and_text_files_and_none_at_all(tmp_path):
+    pd.DataFrame({"text": ["a", None, "b", "c"]}).to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"1 of 4 rows \(25.00%\) .* the first: .*d.parquet, row 2\)"):
+        check_skipped(DataConfig(path=str(tmp_path / "d.parquet")))
+    (tmp_path / "txt").mkdir()
+    write(tmp_path / "txt" / "a.txt", "one document")
+    write(tmp_path / "txt" / "b.txt", "\n \n")
+    with pytest.raises(DataError, match=r"1 of 2 rows .* the first: .*b.txt \(blank\)\)"):
+        check_skipped(DataConfig(path=str(tmp_path / "txt")))
+    assert check_skipped(DataConfig(path=str(write(tmp_path / "ok.jsonl", GOOD * 3)))) is None
+    assert check_skipped(DataConfig(path="owner/dataset")) is None  # a hub dataset: not read ahead

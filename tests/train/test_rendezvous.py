@@ -1,0 +1,53 @@
+"""WORLD_SIZE > 1 set without the other processes (no launcher): one line naming the variables after
+`$T2R_RENDEZVOUS_TIMEOUT` seconds, exit code 2 and nothing written (before: it waited without end)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from t2r.train import rendezvous
+from tests.helpers.recipes import recipe
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])  # the master waiting for a worker; a worker waiting for a master
+def test_a_process_group_that_never_forms_ends_in_one_line(tmp_path, source_dir, corpus, rank):
+    recipe(tmp_path, source_dir, corpus)  # writes run.yaml
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), "WORLD_SIZE": "2", "RANK": rank,
+           "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), rendezvous.ENV: "3"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "t2r", "finetune", "--config", str(tmp_path / "run.yaml")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (f"t2r: error: the other 1 process(es) did not join within 3 s (WORLD_SIZE=2 RANK={rank} "
+                           f"LOCAL_RANK={rank} MASTER_ADDR=127.0.0.1 MASTER_PORT={port}): start every process with a "
+                           "launcher (accelerate launch, torchrun), or unset WORLD_SIZE and RANK to train in one "
+                           f"process ({rendezvous.ENV} sets the wait)\n")
+    assert time.monotonic() - start < 200 and not (tmp_path / "run").exists()
+
+
+def test_the_wait_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv(rendezvous.ENV, raising=False)
+    assert rendezvous.deadline() == rendezvous.DEFAULT_SECONDS
+    monkeypatch.setenv(rendezvous.ENV, "600")
+    assert rendezvous.deadline() == 600
+    for bad in ("0", "nan", "inf", "ten"):
+        monkeypatch.setenv(rendezvous.ENV, bad)
+        with pytest.raises(ValueError, match=f"{rendezvous.ENV}='{bad}': give the seconds to wait"):
+            rendezvous.deadline()
+
+
+def test_one_process_joins_without_a_deadline(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv(rendezvous.ENV, "ten")  # not even read
+    assert rendezvous.joined(lambda: "state") == "state"
