@@ -137,8 +137,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
         unwrapped.zero_grad(set_to_none=True)  # gradients the last stage's optimizer did not own (several processes)
         if recipe.stages is not None:
             state.update(stage=stage.name, stage_step=state["step"] - first)
-        metrics = _run_stage(recipe, accelerator, model, teacher, tokenizer, (i, stage, steps, first), params,
-                             optimizer, state, history, callbacks, clock)
+        metrics = _run_stage(recipe, accelerator, model, teacher, tokenizer, (i, stage, steps, first), optimizer,
+                             state, history, callbacks, clock)
         if teacher is not None and not needs_teacher([s for s, _, _ in plan[i + 1:]]):
             teacher = None  # no later stage compares against the source: free its memory
             gc.collect()
@@ -163,6 +163,15 @@ def _stream_start(saved: dict | None, skip: int, packing: dict) -> dict | None:
     return None
 
 
+def stepped_parameters(model, optimizer) -> list:
+    """The parameters `optimizer` steps, in `model`'s order. After `accelerator.prepare` these are the model's own,
+    not the list the optimizer was built from: FSDP2 replaces each parameter by a sharded DTensor and re-points the
+    optimizer, and the gradients live on the new ones (clipping the old list clipped nothing; comparing it with the
+    model's, as accelerate's `clip_grad_norm_` does, raised "mixed torch.Tensor and DTensor")."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [p for p in model.parameters() if id(p) in stepped]
+
+
 def _sharded(accelerator) -> bool:
     """Whether the model's weights are sharded (FSDP): gathered only inside the wrapped model's forward."""
     from accelerate.utils import DistributedType
@@ -176,8 +185,7 @@ def _fusable(accelerator, model) -> bool:
     return not _sharded(accelerator) and not getattr(config, "final_logit_softcapping", None)
 
 
-def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, optimizer, state, history, callbacks,
-               clock):
+def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer, state, history, callbacks, clock):
     """Stage `where` = (index, stage, steps, global step before it) from its step `state["stage_step"]`."""
     i, stage, steps, first = where
     named = recipe.stages is not None  # the one stage of a recipe without stages is unnamed, as it always was
@@ -194,6 +202,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, params, op
     sharded = _sharded(accelerator)
     targets = (AttentionTargets(unwrapped, teacher, through_forward=sharded) if stage.loss.get("attention_mse")
                else None)
+    params = stepped_parameters(model, optimizer)
     n_train, n_total = sum(p.numel() for p in params), trainable_parameters(unwrapped)[1]
     accelerator.print(f"stage {i + 1}/{len(recipe.stage_list)} {stage.name}: {counted(steps, 'step')} from step "
                       f"{state['step'] - first}, lr {stage.lr:g} ({stage.schedule}, warmup {stage.warmup_steps}), loss "

@@ -127,6 +127,8 @@ def test_killed_inside_the_second_stage_resumes_to_the_uninterrupted_weights(tmp
     with pytest.raises(Interrupt):
         finetune(broken, callbacks=[kill])
     assert ckpt.latest(broken.checkpoint.dir).name == "step-00000004-distill"
+    position = ckpt.read_state(ckpt.latest(broken.checkpoint.dir))["data_position"]  # the resume starts there
+    assert position is not None and position["index"] == 4 * 128 // (32 * 2) and position["doc"] is not None
     final = finetune(broken, resume=True)
     assert "resumed from" in capsys.readouterr().out
     assert final["step"] == 8
@@ -272,3 +274,26 @@ def test_the_shipped_staged_recipes():
     h100 = load_recipe(root / "smollm2-staged-h100.yaml", check_files=False)
     assert [s.num_steps(65536) for s in h100.stages] == [30, 915, 305] and h100.stages[2].seq_len == 4096
     assert h100.needs_teacher and (h100.train.mixed_precision, h100.train.max_steps) == ("bf16", None)
+
+
+def test_stepped_parameters_follow_the_optimizer_to_replaced_parameters():
+    """After FSDP2's prepare every parameter is a new (sharded) object and the optimizer points at the new ones:
+    the step clips and counts those, in the model's order (accelerate's clip_grad_norm_ compares the list with
+    `model.parameters()` element by element), whatever the order of the optimizer's groups."""
+    from t2r.train.stages import stepped_parameters
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    old = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": old[4:]}, {"params": old[2:4], "weight_decay": 0.0}])  # not layer 0
+    new = {}
+    for module in model:  # what accelerate's FSDP2 prepare does: new parameters, the optimizer re-pointed
+        for name, p in list(module.named_parameters(recurse=False)):
+            new[id(p)] = torch.nn.Parameter(p.detach().clone())
+            setattr(module, name, new[id(p)])
+    for group in optimizer.param_groups:
+        group["params"] = [new[id(p)] for p in group["params"]]
+    stepped = stepped_parameters(model, optimizer)
+    assert [id(p) for p in stepped] == [id(new[id(p)]) for p in old[2:]]  # layers 1 and 2, in the model's order
+    assert not any(p is q for p in stepped for q in old)
+    optimizer.add_param_group({"params": [new[id(p)] for p in old[:2]]})
+    assert stepped_parameters(model, optimizer) == list(model.parameters())  # accelerate's test: by identity
