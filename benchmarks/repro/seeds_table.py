@@ -4,7 +4,8 @@
 
 Each RUN_DIR holds `eval-2k/results.json` and `eval-8k/results.json` (the source and its windows are scored in
 the same runs) and `metrics.jsonl` (training speed). Printed as Markdown: one row per student and one for the
-source, each cell read from results.json; the memory-matched window of each student is in its own table."""
+source, each cell read from results.json; then the memory-matched window of each student (its mem window
+contender), in a table of its own."""
 
 from __future__ import annotations
 
@@ -62,6 +63,18 @@ def rows(run: Path) -> list[dict]:
     return out
 
 
+def memory_window(run: Path) -> dict:
+    """The training-free window of the student's own memory (the frontier point it must beat), 2K evaluation."""
+    short = json.loads((run / "eval-2k/results.json").read_text())
+    name = next(r["name"] for r in short["perplexity"]["results"] if r["name"].startswith("mem window"))
+    row = {"name": f"{run.name}: {name}"}
+    for label, ppl, kl in _texts(short):
+        row[f"ppl 1K-2K {label}"] = _bucket(ppl, name, "1024-2048", "ppl")
+        row[f"kl 1K-2K {label}"] = _bucket(kl, name, "1024-2048", "kl") if kl else None
+    row["mqar"] = _mean(short["mqar"]["accuracy"][name])
+    return row
+
+
 def markdown(table: list[dict]) -> str:
     columns = [c for c in table[0] if c != "name"]
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
@@ -78,7 +91,7 @@ def main(runs: list[Path]) -> str:
         student, source = rows(run)
         table.append(student)
     table.append(source)  # the same source scores in every run (read from the evaluation cache)
-    return markdown(table)
+    return markdown(table) + "\n\n" + markdown([memory_window(run) for run in runs])
 
 
 if __name__ == "__main__":
