@@ -4,8 +4,9 @@
 #
 #   bash benchmarks/repro/student.sh train NAME SECONDS [section.field=value ...]
 #        t2r finetune --config recipes/frontier/NAME.yaml for at most SECONDS (SIGINT at the end: the newest
-#        checkpoint stays), resuming when runs/NAME holds one; the first call's start-up is traced
-#        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt)
+#        checkpoint stays), resuming when runs/NAME holds one; every call's start-up is traced
+#        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt, -stacks-resume.txt
+#        when resumed: resumed students spent 36-38 s in `first batches`, unexplained, 2026-11-27)
 #   bash benchmarks/repro/student.sh eval NAME [flag ...]
 #        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity and KL to
 #        the source on 64 rows of held-out documents, of each staged text; MQAR, passkey to 2K, the local tasks)
@@ -33,14 +34,9 @@ case $what in
 train)
     seconds=$1; shift
     resume=(); [ -n "$(ls -d "$run"/step-* 2>/dev/null)" ] && resume=(--resume)
-    trace=(); [ ${#resume[@]} -eq 0 ] && trace=(--stacks "$out/$tag-stacks.txt")
-    if [ ${#trace[@]} -gt 0 ]; then
-        timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 "${trace[@]}" -- \
-            finetune --config "$recipe" "${named[@]}" "$@" >> "$out/$tag-train.log" 2>&1
-    else
-        timeout -s INT -k 30 "$seconds" python3 -m t2r.cli finetune --config "$recipe" "${named[@]}" "$@" \
-            "${resume[@]}" >> "$out/$tag-train.log" 2>&1
-    fi
+    stacks=$out/$tag-stacks.txt; [ ${#resume[@]} -gt 0 ] && stacks=$out/$tag-stacks-resume.txt
+    timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 --stacks "$stacks" -- \
+        finetune --config "$recipe" "${named[@]}" "$@" "${resume[@]}" >> "$out/$tag-train.log" 2>&1
     rc=$?
     echo "== $tag train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$tag-train.log" | tail -4
     [ -d "$run/final" ] && echo "== $tag final written"
