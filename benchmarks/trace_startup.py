@@ -4,6 +4,8 @@ torch.compile's per-phase compile times at exit. Read the stacks in order: long 
 start-up's parts (tokenising, ranking, compiling a kernel, autotuning).
 
     python benchmarks/trace_startup.py --every 15 --for 300 --stacks stacks.txt -- finetune --config R.yaml
+    accelerate launch --config_file recipes/accelerate/fsdp2-2gpu.yaml benchmarks/trace_startup.py \
+        --stacks 'stacks-{rank}.txt' -- finetune --config R.yaml       # one file a process ($RANK)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import faulthandler
+import os
 import sys
 import threading
 import time
@@ -20,11 +23,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every", type=float, default=15.0, help="seconds between stack dumps")
     parser.add_argument("--for", dest="duration", type=float, default=300.0, help="stop dumping after this long")
-    parser.add_argument("--stacks", required=True, help="file the stacks are appended to")
+    parser.add_argument("--stacks", required=True,
+                        help="file the stacks are appended to; {rank} in it becomes the process's $RANK")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the t2r command line")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    stacks = open(args.stacks, "a", buffering=1)
+    stacks = open(args.stacks.replace("{rank}", os.environ.get("RANK", "0")), "a", buffering=1)
     start = time.perf_counter()
 
     def dump() -> None:
