@@ -17,7 +17,7 @@ def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start:
                   stage=None) -> DataLoader:
     """Micro-batches of packed rows, flattened into one sequence with document boundaries. Each
     epoch shuffles the documents with its own seed (the held-out split depends on the base seed only). `start`:
-    (document, token) of the epoch's stream to begin at (`MicroBatches.position`). Rows of `data.seq_len` tokens,
+    (piece, token) of the epoch's stream to begin at (`MicroBatches.position`). Rows of `data.seq_len` tokens,
     `train.micro_batch_size` a micro-batch, or those of `stage` (a `StageSection`)."""
     cfg = recipe.data.data_config()
     seed = recipe.train.seed + epoch
@@ -35,7 +35,7 @@ class MicroBatches:
     loader wrapper, which slices the flattened batch's `cu_seq_lens` as if they were per-example.)
 
     `position(n)` is where the stream stands after its first n micro-batches (epoch, global index, and the
-    (document, token) a packed loader's `start` takes, with `key`: what else the caller needs to recognise its
+    (piece, token) a packed loader's `start` takes, with `key`: what else the caller needs to recognise its
     stream); given back as `start`, the stream begins there instead of reading and tokenising everything before
     `skip` again, which a resume at billions of tokens could not afford."""
 

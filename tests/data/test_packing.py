@@ -203,3 +203,57 @@ def test_a_stream_begun_where_a_row_said_it_goes_on_gives_the_rows_that_followed
     data.tokenizer = lambda batch, **kw: calls.append(len(batch)) or tok(batch, **kw)
     list(data)
     assert sum(calls) == len(texts) - rows[-2]["stream_next"][0]  # the documents before `start`: read, not tokenised
+
+
+LONG = ["\n".join(SENTENCES) * 3, SENTENCES[0], " ".join(SENTENCES) * 2, "", "\n".join(reversed(SENTENCES))]
+
+
+@pytest.mark.parametrize("piece_chars", [1, 10, 97, 400])
+def test_pieces_join_to_their_documents(piece_chars):
+    from t2r.data.packing import pieces
+
+    got = list(pieces(LONG, piece_chars))
+    joined, doc = [], ""
+    for text, opens, closes in got:
+        assert len(text) <= max(piece_chars, 1) and (opens == (doc == ""))
+        doc += text
+        if closes:
+            joined.append(doc)
+            doc = ""
+    assert joined == LONG and doc == ""
+    newline_cut = [text for text, _, closes in got if not closes and "\n" in text[piece_chars // 2:]]
+    assert all(text.endswith("\n") for text in newline_cut)  # cut after a newline where the span's end half has one
+
+
+@pytest.mark.parametrize("piece_chars", [1, 37, 300])
+def test_long_documents_pack_to_the_rows_of_whole_ones(tok, piece_chars):
+    """One token per character: the pieces' rows equal the whole documents' (a document starts, and its EOS
+    follows, once)."""
+    whole = rows_of(tok, LONG, 50, piece_chars=10**9)
+    cut = rows_of(tok, LONG, 50, piece_chars=piece_chars)
+    assert len(cut) == len(whole) > 5
+    for a, b in zip(cut, whole):
+        assert a["input_ids"].equal(b["input_ids"]) and a["position_ids"].equal(b["position_ids"])
+
+
+def test_a_stream_begun_inside_a_long_document_tokenises_from_its_piece(tok):
+    """The corpus's ~9M-token document: a stream begun inside it reads its earlier pieces as text and tokenises
+    only the piece it begins in onwards, and continues with the rows that followed."""
+    seen = []
+
+    class Counting:
+        eos_token_id = tok.eos_token_id
+
+        def __call__(self, texts, **kw):
+            seen.extend(texts)
+            return tok(texts, **kw)
+
+    rows = rows_of(tok, LONG, 50, piece_chars=40)
+    at = 6  # a row that ends inside the first document, in one of its later pieces
+    index, offset = rows[at]["stream_next"]
+    assert index > 1 and offset > 0
+    seen.clear()
+    again = list(PackedSequences(lambda: iter(LONG), Counting(), 50, piece_chars=40, start=(index, offset)))
+    assert [r["input_ids"].tolist() for r in again] == [r["input_ids"].tolist() for r in rows[at + 1:]]
+    assert [r["position_ids"].tolist() for r in again] == [r["position_ids"].tolist() for r in rows[at + 1:]]
+    assert sum(map(len, seen)) < sum(map(len, LONG)) - 40 * (index - 1)  # the pieces before were not tokenised
