@@ -84,14 +84,15 @@ class PackedSequences(IterableDataset):
 
     def _tokenised_batches(self) -> Iterator[list[tuple[int, int, list[int], bool]]]:
         """(piece index, first token kept, token ids, whether the piece opens its document) of each piece with
-        tokens, from `start`, up to `batch_docs` pieces per fast-tokenizer call; an EOS ends each document's last
+        tokens, from `start`, up to `batch_docs` pieces (and ~4 pieces' characters) per fast-tokenizer call, so that
+        no call holds training up for long; an EOS ends each document's last
         piece. The pieces before `start` are cut from their documents, not tokenised."""
         first, dropped = self.start
         texts = enumerate(pieces(self.documents(), self.piece_chars))
         deque(islice(texts, first), maxlen=0)
         eos = [] if self.eos_token_id is None else [self.eos_token_id]
         size = 1  # the first rows come soon: batches grow from one piece (up to ~65K tokens) to batch_docs
-        while batch := list(islice(texts, size)):
+        while batch := _take(texts, size, 4 * self.piece_chars):  # a call tokenises at most ~1M characters
             size = min(2 * size, self.batch_docs)
             encoded = self.tokenizer([text for _, (text, _, _) in batch], add_special_tokens=False,
                                      return_attention_mask=False, verbose=False)["input_ids"]
@@ -124,6 +125,17 @@ def pieces(documents: Iterable[str], piece_chars: int = PIECE_CHARS) -> Iterator
             yield text[begin:cut], begin == 0, False
             begin = cut
         yield text[begin:], begin == 0, True
+
+
+def _take(items: Iterator[tuple[int, tuple[str, bool, bool]]], count: int, chars: int) -> list:
+    """The next `count` (index, piece) items, fewer where their text reaches `chars` characters first."""
+    taken, total = [], 0
+    for item in items:
+        taken.append(item)
+        total += len(item[1][0])
+        if len(taken) == count or total >= chars:
+            break
+    return taken
 
 
 def _position(docs: list[tuple[int, int, int]], at: int) -> tuple[int, int]:

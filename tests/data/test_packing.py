@@ -257,3 +257,20 @@ def test_a_stream_begun_inside_a_long_document_tokenises_from_its_piece(tok):
     assert [r["input_ids"].tolist() for r in again] == [r["input_ids"].tolist() for r in rows[at + 1:]]
     assert [r["position_ids"].tolist() for r in again] == [r["position_ids"].tolist() for r in rows[at + 1:]]
     assert sum(map(len, seen)) < sum(map(len, LONG)) - 40 * (index - 1)  # the pieces before were not tokenised
+
+
+def test_no_tokenizer_call_holds_more_than_a_few_pieces(tok):
+    """A long document is not tokenised in one call that stalls training: each call holds at most ~5 pieces'
+    characters, and the first call one piece."""
+    calls = []
+
+    class Counting:
+        eos_token_id = tok.eos_token_id
+
+        def __call__(self, texts, **kw):
+            calls.append(sum(map(len, texts)))
+            return tok(texts, **kw)
+
+    rows = list(PackedSequences(lambda: iter(LONG * 3), Counting(), 50, piece_chars=40))
+    assert rows == [] or len(rows) > 10
+    assert calls[0] <= 40 and max(calls) < 5 * 40 and len(calls) > 10
