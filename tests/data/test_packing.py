@@ -272,5 +272,5 @@ def test_no_tokenizer_call_holds_more_than_a_few_pieces(tok):
             return tok(texts, **kw)
 
     rows = list(PackedSequences(lambda: iter(LONG * 3), Counting(), 50, piece_chars=40))
-    assert rows == [] or len(rows) > 10
+    assert len(rows) > 10
     assert calls[0] <= 40 and max(calls) < 5 * 40 and len(calls) > 10
