@@ -108,10 +108,29 @@ def evaluate_loss(model, loader: Iterable, max_batches: int = 50) -> float:
     return sum(losses) / len(losses) if losses else float("nan")
 
 
-def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1) -> float:
-    """Mean next-token loss on the recipe's held-out documents (`data.held_out`), packed as in training."""
+def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1, max_batches: int = 50) -> float:
+    """Mean next-token loss on the recipe's held-out documents (`data.held_out`), packed as in training: the
+    first `max_batches` micro-batches, shared among the `world` processes, which agree on the mean (the final
+    metrics and the collapse guard decide alike everywhere). Every process runs as many forwards, one of them
+    a repeat where the micro-batches do not divide evenly: a sharded model gathers its weights in each forward,
+    and a process with one forward fewer left the others waiting (FSDP2 on two H100s, 2026-11-27)."""
     from t2r.models.packed_attention import packed_attention
 
-    batches = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, rank, world, epochs=1)
-    with packed_attention(model):  # packed rows' softmax layers by varlen FlashAttention on CUDA, as in training
-        return evaluate_loss(model, batches)
+    stream = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, epochs=1)
+    batches = list(islice(stream, max_batches))  # the held-out part is small: every process reads all of it
+    if not batches:
+        return float("nan")
+    mine, rounds = batches[rank::world], -(-len(batches) // world)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), packed_attention(model):  # packed rows by varlen FlashAttention on CUDA, as in training
+        for k in range(rounds):
+            if k < len(mine):
+                total += model(**mine[k]).loss.double()
+            else:
+                model(**batches[0])  # the forward the other processes make this round; its loss is not counted
+    model.train(was_training)
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    return total.item() / len(batches)

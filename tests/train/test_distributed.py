@@ -66,3 +66,17 @@ def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, fir
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_two_processes_measure_the_held_out_loss_of_one(tmp_path, source_dir, corpus):
+    """The held-out loss (the final metrics, the collapse guard's reference) is the mean over all held-out
+    micro-batches whatever the process count, the same on every process, and every process runs as many forwards
+    (under FSDP each gathers weights: an odd number of micro-batches left one process waiting forever)."""
+    import json
+
+    overrides = {"train.tokens_per_step": 256, "train.max_steps": 2, "data.held_out": 7}
+    finetune(recipe(tmp_path, source_dir, corpus, run="single", **overrides))
+    recipe(tmp_path, source_dir, corpus, run="two", **overrides)  # writes two.yaml
+    torchrun_finetune(tmp_path / "two.yaml", overrides, port=29525)
+    one, two = (json.loads((tmp_path / run / "final_metrics.json").read_text()) for run in ("single", "two"))
+    assert one["validation_loss"] == pytest.approx(two["validation_loss"], rel=1e-5)
