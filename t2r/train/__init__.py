@@ -6,7 +6,7 @@ The names load on first use (`t2r.lazy`): importing the package imports no torch
 from t2r.lazy import lazy_exports
 
 _EXPORTS = {
-    "evaluate_loss": ".batches", "heldout_loss": ".batches", "CheckpointError": ".errors",
+    "heldout_loss": ".batches", "CheckpointError": ".errors",
     "CollapseError": ".errors", "NonFiniteError": ".errors", "RunDirError": ".errors", "RunError": ".errors",
     "Interrupt": ".loop", "finetune": ".loop", "RunResult": ".pipeline", "finetune_and_evaluate": ".pipeline",
     "Recipe": ".recipe", "RecipeError": ".recipe", "load_recipe": ".recipe", "save_resolved": ".recipe",

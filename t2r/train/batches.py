@@ -98,16 +98,6 @@ def micro_batches(make_loader: Callable[..., Iterable[dict]], device, rank: int 
     return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key)
 
 
-@torch.no_grad()
-def evaluate_loss(model, loader: Iterable, max_batches: int = 50) -> float:
-    """Mean next-token loss over up to `max_batches` batches (nan when the split is empty)."""
-    was_training = model.training
-    model.eval()
-    losses = [model(**batch).loss.item() for batch in islice(loader, max_batches)]
-    model.train(was_training)
-    return sum(losses) / len(losses) if losses else float("nan")
-
-
 def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1, max_batches: int = 50) -> float:
     """Mean next-token loss on the recipe's held-out documents (`data.held_out`), packed as in training: the
     first `max_batches` micro-batches, shared among the `world` processes, which agree on the mean (the final
