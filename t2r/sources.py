@@ -153,6 +153,14 @@ def load_config(spec: str):
     return from_pretrained(AutoConfig.from_pretrained, spec, path, **kwargs)
 
 
+def shape_config(spec: str):
+    """`spec`'s config for checks of shape and length: t2r's built-in copy where it has one (the 7B recipes'
+    sources, `t2r.models.known_configs`: no hub lookup, which offline retried for ~24 s), else `load_config`."""
+    from t2r.models.known_configs import known_config
+
+    return known_config(spec) or load_config(spec)
+
+
 def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str | None = None):
     """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted, or a LoRA adapter
     whose `adapter_config.json` names its base), a .gguf file, or `smollm2`."""

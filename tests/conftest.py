@@ -14,6 +14,21 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _free_threads() -> int:
+    """torch's CPU threads for the session, by the rule of the `t2r` command (`t2r.cli.threads`): the cores the
+    load average leaves free. On a busy 2-core machine torch's two threads wait on each other at every op: the
+    suite took 34 min at load 2-6 (tests/layers/test_window.py 313 s of it, 50 s with one thread); on an idle
+    machine nothing changes. OMP_NUM_THREADS, when set, decides."""
+    from t2r.cli.threads import cpus, free_threads, physical_cores
+
+    if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
+        return torch.get_num_threads()
+    return min(torch.get_num_threads(), free_threads(os.getloadavg()[0], cpus(), physical_cores(cpus())))
+
+
+torch.set_num_threads(_free_threads())
+
 from tests.helpers.models import ARCHS, TARGETS, save_tiny_source  # noqa: E402  (imports triton: after the above)
 from tests.helpers.recipes import write_corpus  # noqa: E402
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from t2r.cli import threads
 from t2r.cli.cache import run_cache
 from t2r.cli.convert import run_convert, run_rank_layers
 from t2r.cli.evaluate import run_bench, run_eval
@@ -14,6 +15,7 @@ from t2r.cli.train import run_export, run_finetune, run_run
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    threads.choose()  # before torch loads: no more CPU threads than the machine has free
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
                 "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers,
                 "export": run_export}

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from t2r import manifest
+from t2r.cli import threads
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.convert_flags import given_convert_settings, mixer_options, mixer_registry
 from t2r.model_dir import CONVERSION_FILE
@@ -32,6 +33,7 @@ def run_convert(args) -> int:
     check_model_spec(args.model)  # a missing local path: named at once, before torch loads
     check_output_dir(args.out, args.model, args.overwrite)
     offline_if_unreachable(args.model)
+    threads.note()
     from t2r.convert import auto_softmax_count, calibrated_convert, conversion_report
     from t2r.data.config import DataConfig
     from t2r.model_dir import save_converted, staging_dir
@@ -64,6 +66,7 @@ def run_rank_layers(args) -> int:
     settings = convert_settings(args, "rank-layers")
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
+    threads.note()
     from t2r.convert import calibration_rows, rank_layers, recall_rows
     from t2r.data.config import DataConfig
     from t2r.sources import load_source

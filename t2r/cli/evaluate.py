@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from t2r.cli import threads
 from t2r.cli.common import default_device
 from t2r.cli.eval_flags import INFERENCE_ONLY, TRAIN_DEFAULTS, TRAIN_ONLY, flag, given_settings
 from t2r.paths import check_model_spec, offline_if_unreachable
@@ -27,6 +28,7 @@ def run_eval(args) -> int:
     for spec in (args.model, settings.baseline, *settings.students):
         check_model_spec(spec)
     offline_if_unreachable(args.model, settings.baseline, *settings.students)
+    threads.note()
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
     from t2r.eval.report import add_card_evaluation
@@ -72,6 +74,7 @@ def run_bench(args) -> int:
     check_model_spec(args.model)
     check_model_spec(settings.baseline)
     offline_if_unreachable(args.model, settings.baseline)
+    threads.note()
     from t2r.eval import bench, load_pair
     from t2r.eval.models import eval_dtype
     from t2r.eval.suite import labels

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from t2r.cli import threads
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.convert import fresh_conversion_note
 from t2r.paths import check_model_spec, offline_if_unreachable
@@ -13,6 +14,7 @@ from t2r.paths import check_model_spec, offline_if_unreachable
 def run_generate(args) -> int:
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
+    threads.note()
     import torch
 
     from t2r.sources import load_source

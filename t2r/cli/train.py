@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from t2r.cli import threads
 from t2r.paths import offline_if_unreachable
 from t2r.words import counted
 
@@ -45,6 +46,7 @@ def run_finetune(args) -> int:
         check_recipe_data(recipe)
         print_plan(recipe, args.tokens_per_second, args.measure)
         return 0
+    threads.note()
     from accelerate import PartialState
 
     from t2r.train import finetune
@@ -132,6 +134,7 @@ def run_run(args) -> int:
         print_plan(recipe, args.tokens_per_second, args.measure)
         print(eval_plan(recipe, settings))
         return 0
+    threads.note()
     from t2r.train.pipeline import finetune_and_evaluate
 
     done = finetune_and_evaluate(recipe, resume=args.resume, overwrite=args.overwrite)

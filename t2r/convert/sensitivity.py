@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -186,6 +188,45 @@ def keep_softmax(converted, source, layers):
             decoder[i].self_attn, types[i] = attention, kind
 
 
+class RankingProgress:
+    """A ranking's progress where no bar shows (stderr is not a terminal: a log file, a notebook, `nohup`): a line
+    on stderr before the source's forward, then one per candidate with its scores, the time per candidate and
+    the time left (a CPU ranking of SmolLM2 takes minutes; on a terminal tqdm draws the bar instead)."""
+
+    def __init__(self, title: str, total: int, enabled: bool = True):
+        self.title, self.total = title, total
+        self.enabled = enabled and not _is_terminal(sys.stderr)  # tqdm's rule for its bar (disable=None)
+        self.began = self.started = time.perf_counter()
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            print(f"{self.title}: {text}", file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        """The candidates begin (the source's forward and the conversion done)."""
+        self.started = time.perf_counter()
+        self.line(f"ready in {self.started - self.began:.1f} s; {self.total} candidates follow")
+
+    def done(self, layer: int, kl: float, recall: float | None) -> None:
+        count = layer + 1
+        each = (time.perf_counter() - self.started) / count
+        scores = f"KL {kl:.4f}" + (f", recall {recall:.4f}" if recall is not None else "")
+        self.line(f"layer {layer} ({count}/{self.total}): {scores}; {each:.1f} s each, "
+                  f"{_duration(each * (self.total - count))} left")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{seconds:02d}s"
+
+
 @torch.no_grad()
 def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 4, progress: bool = True,
                 recall: tuple[torch.Tensor, torch.Tensor] | None = None, criterion: str = "kl",
@@ -203,6 +244,10 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
     source = source.eval()
     device = next(source.parameters()).device
     layers = source.config.num_hidden_layers
+    say = RankingProgress(f"rank layers ({target}, {sweep})", layers, progress)
+    say.line(f"{layers} candidates on {input_ids.shape[0]} rows of {input_ids.shape[1]} tokens"
+             + (f" and {len(recall[0])} recall prompts" if recall is not None else "")
+             + f" ({device.type}); the source's log-probs and one conversion first")
     # on a GPU under bf16 autocast, so that the mixers run their kernels (in fp32 they take the PyTorch paths:
     # 142 s for a keep-one ranking of SmolLM2 on an H100); the ranking compares layers, not digits
     fast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -229,13 +274,14 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
         base_kl, base_recall = measure([])
         sign = -1.0
     kl, costs = [], []
-    for layer in tqdm(range(layers), desc=f"rank layers ({target}, {sweep})", disable=None if progress else True,
-                      leave=False):
+    say.start()
+    for layer in tqdm(range(layers), desc=say.title, disable=None if progress else True, leave=False):
         kept = [layer] if sweep == "keep-one" else [i for i in range(layers) if i != layer]
         layer_kl, layer_recall = measure(kept)
         kl.append(sign * (layer_kl - base_kl))
         if recall is not None:
             costs.append(sign * (layer_recall - base_recall))
+        say.done(layer, kl[-1], costs[-1] if recall is not None else None)
     return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
                         options=dict(options), recall=costs if recall is not None else None, criterion=criterion,
                         sweep=sweep)

@@ -64,8 +64,8 @@ class EvalSettings:
     limit: int | None = setting(None, "a quick look: at most N perplexity rows, prompts per recall cell and lm-eval "
                                       "documents per task, and every suite shrunk to about two minutes on 2 CPU "
                                       "cores for a 135M model (rows and passkey prompts of at most 512 tokens, one "
-                                      "window baseline and the memory-matched one, two MQAR cells, three passkey "
-                                      "depths); the report lists the cuts", "what", min=1)
+                                      "window baseline and the memory-matched one, two MQAR cells, one passkey "
+                                      "depth: the needle farthest back); the report lists the cuts", "what", min=1)
     batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what", min=1)
     seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what")
     device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")

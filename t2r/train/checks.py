@@ -245,10 +245,10 @@ def check_positions(recipe) -> None:
     """Every stage's rows fit the positions the source was trained on (its config's `max_position_embeddings`):
     beyond them its softmax layers, its RoPE and a distillation teacher meet positions they never saw. Reads the
     source's config alone; one that cannot be read (an offline hub id) is left to the model's loading."""
-    from t2r.sources import load_config
+    from t2r.sources import shape_config
 
     try:
-        limit = getattr(load_config(recipe.model.source), "max_position_embeddings", None)
+        limit = getattr(shape_config(recipe.model.source), "max_position_embeddings", None)
     except OSError:
         return
     for i, stage in enumerate(recipe.stage_list):

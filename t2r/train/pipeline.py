@@ -68,16 +68,25 @@ def finetune_and_evaluate(recipe, *, resume: bool = False, overwrite: bool = Fal
 
 def check_eval_lengths(recipe, settings: EvalSettings) -> None:
     """The `eval:` section's lengths against the trained model and the baseline, from their configs alone (a config
-    that cannot be read, an offline hub id, is left to the evaluation itself)."""
+    that cannot be read, an offline hub id, is left to the evaluation itself). A config t2r has built in
+    (`known_config`: the 7B recipes' sources) is read without the hub, as the plan does; another hub id is
+    looked up after `offline_if_unreachable` (an offline machine retried the hub for 24 s here)."""
     from t2r.eval.contenders import length_limit
     from t2r.eval.suite import check_length_limits
-    from t2r.sources import load_config
+    from t2r.models.known_configs import known_config
+    from t2r.paths import offline_if_unreachable
+    from t2r.sources import shape_config
+
+    def config(spec):
+        if known_config(spec) is None:
+            offline_if_unreachable(spec)
+        return shape_config(spec)
 
     try:
-        source = load_config(recipe.model.source)
+        source = config(recipe.model.source)
         baseline_spec = settings.baseline or recipe.model.source
         baseline = None if baseline_spec == "none" else source if baseline_spec == recipe.model.source else (
-            load_config(baseline_spec))
+            config(baseline_spec))
     except OSError:
         return
     target, layers = recipe.convert.target, recipe.convert.layers

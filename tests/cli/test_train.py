@@ -121,9 +121,19 @@ def test_finetune_data_errors_come_before_anything_loads_and_without_traceback(t
     assert "data: 1 of 6 rows (16.67%) have no text" in capsys.readouterr().out
 
 
-def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys):
+def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys, monkeypatch):
+    """The 7B recipe's plan and eval lengths come from t2r's built-in copy of Mistral's config: no hub lookup (one
+    retried the hub for 24 s on an offline machine)."""
+    from t2r import sources
     from t2r.data.synthetic import write_jsonl
 
+    real_load_config = sources.load_config
+
+    def no_hub(spec):
+        assert spec != "mistralai/Mistral-7B-v0.1", "a built-in config was looked up on the hub"
+        return real_load_config(spec)
+
+    monkeypatch.setattr(sources, "load_config", no_hub)
     assert main(["run", "--config", "recipes/mistral-7b-gsa-20b.yaml", "--dry-run", "train.mixed_precision=no",
                  "model.dtype=bfloat16"]) == 0
     out = capsys.readouterr().out

@@ -33,6 +33,27 @@ def test_fox_with_a_closed_forget_gate_is_the_source_at_every_layer():
     assert max(ranking.kl) < 1e-6
 
 
+def test_a_ranking_off_a_terminal_says_a_line_per_candidate(capsys):
+    """No bar shows in a log file or a notebook (stderr is not a terminal there, nor under capsys): a line before
+    the source's forward, one when the candidates begin, then one per candidate with its scores and the time left
+    (a CPU ranking of SmolLM2 ran 504 s without a line); none with progress=False."""
+    ranking = rank_layers(tiny_source("llama"), "gla", IDS, batch_size=2, recall=RECALL, criterion="kl+recall",
+                          gate_low_rank_dim=4)
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 2 + 3, lines
+    assert lines[0] == "rank layers (gla, convert-one): 3 candidates on 3 rows of 20 tokens and 3 recall prompts " \
+                       "(cpu); the source's log-probs and one conversion first"
+    assert lines[1].startswith("rank layers (gla, convert-one): ready in ") and lines[1].endswith("3 candidates follow")
+    for layer, line in enumerate(lines[2:]):
+        assert line.startswith(f"rank layers (gla, convert-one): layer {layer} ({layer + 1}/3): "
+                               f"KL {ranking.kl[layer]:.4f}, recall {ranking.recall[layer]:.4f}; ")
+        assert line.endswith(" left") and " s each, " in line
+    assert lines[-1].endswith("0m00s left")
+    rank_layers(tiny_source("llama"), "gla", IDS, batch_size=2, progress=False, gate_low_rank_dim=4)
+    assert capsys.readouterr().err == ""
+
+
 def test_most_sensitive_and_converted_layers():
     ranking = LayerRanking("gsa", kl=[0.3, 0.1, 0.5, 0.2], tokens=10)
     assert ranking.most_sensitive(2) == [0, 2] and ranking.converted_layers(2) == [1, 3]

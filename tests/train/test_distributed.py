@@ -13,22 +13,29 @@ from safetensors.torch import load_file
 from t2r.train import finetune
 from tests.helpers.recipes import recipe, torchrun_failure
 
+OVERRIDES = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 0, "checkpoint.every_steps": 2}
 
-def test_two_processes_equal_one(tmp_path, source_dir, corpus):
-    overrides = {"train.tokens_per_step": 256, "train.max_steps": 3, "data.held_out": 0}
-    single = recipe(tmp_path, source_dir, corpus, run="single", **overrides)
-    finetune(single)
 
-    recipe(tmp_path, source_dir, corpus, run="ddp", **overrides)  # writes ddp.yaml
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, source_dir, corpus):
+    """The final weights of one process training 4 steps straight: what every run of this file must end with
+    (trained once for the file; each test trained its own copy before)."""
+    path = tmp_path_factory.mktemp("one-process")
+    finetune(recipe(path, source_dir, corpus, run="straight", **OVERRIDES))
+    return load_file(path / "straight" / "final" / "model.safetensors")
+
+
+def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_process):
+    recipe(tmp_path, source_dir, corpus, run="ddp", **OVERRIDES)  # writes ddp.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"),
-           *[f"{k}={v}" for k, v in overrides.items()]]
+           *[f"{k}={v}" for k, v in OVERRIDES.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         pytest.fail(torchrun_failure(done.stderr))
     assert "x 2 processes per step" in done.stdout + done.stderr
-    a = load_file(tmp_path / "single" / "final" / "model.safetensors")
+    a = one_process
     b = load_file(tmp_path / "ddp" / "final" / "model.safetensors")
     start = load_file(source_dir / "model.safetensors")
     assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3  # training moved the weights
@@ -46,26 +53,20 @@ def torchrun_finetune(config, overrides: dict, *extra: str, port: int = 29519):
 
 
 @pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
-def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, first, then):
+def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, one_process, first, then):
     """`first` processes train 2 steps, `then` processes resume to step 4: the same weights as one process
     training 4 steps straight (the stream position and the global batch do not depend on the process count)."""
-    overrides = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 0,
-                 "checkpoint.every_steps": 2}
-    straight = recipe(tmp_path, source_dir, corpus, run="straight", **overrides)
-    finetune(straight)
-
-    resumed = recipe(tmp_path, source_dir, corpus, run="resumed", **overrides)  # also writes resumed.yaml
-    part = {**overrides, "train.max_steps": 2}
+    resumed = recipe(tmp_path, source_dir, corpus, run="resumed", **OVERRIDES)  # also writes resumed.yaml
+    part = {**OVERRIDES, "train.max_steps": 2}
     if first == 2:
         torchrun_finetune(tmp_path / "resumed.yaml", part)
         finetune(resumed, resume=True)
     else:
         finetune(recipe(tmp_path, source_dir, corpus, run="resumed", **part))
-        torchrun_finetune(tmp_path / "resumed.yaml", overrides, "--resume", port=29521)
-    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+        torchrun_finetune(tmp_path / "resumed.yaml", OVERRIDES, "--resume", port=29521)
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
+    for name in one_process:
+        torch.testing.assert_close(b[name], one_process[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_two_processes_measure_the_held_out_loss_of_one(tmp_path, source_dir, corpus):
