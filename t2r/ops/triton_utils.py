@@ -11,7 +11,6 @@
 Gates enter the kernels in log2 space (g * 1/ln 2, then exp2).
 """
 import functools
-from typing import Tuple
 
 import torch
 import triton
@@ -61,7 +60,7 @@ patch_interpreter()
 
 def prepare_chunks(
     B: int, T: int, BT: int, cu_seqlens: torch.Tensor | None
-) -> Tuple[int, int, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[int, int, torch.Tensor | None, torch.Tensor | None]:
     """Return (N, NT_total, chunk_indices, chunk_offsets).
 
     Without cu_seqlens: N = B sequences of T steps, NT_total = B * cdiv(T, BT), no tables.

@@ -3,7 +3,7 @@
 Every check raises ``ValueError`` with a message that names the op, the
 offending argument, the expected shape, and what to change.
 """
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -24,14 +24,14 @@ __all__ = [
 # cheaper than padding to a whole chunk.
 RECURRENT_MAX_LEN = 4
 
-State = torch.Tensor | Tuple[torch.Tensor, ...]
+State = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 def _shape(t: torch.Tensor) -> list:
     return list(t.shape)
 
 
-def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
+def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
     """Check q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V] with HQ % H == 0; return (B, T, HQ, H, K, V)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:

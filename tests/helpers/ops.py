@@ -1,7 +1,7 @@
 """The op tests' numerics: relative errors, realistic gates, forward + backward runs, inputs of the linear-attention
 ops. tests/ops/conftest.py hands most of these out as fixtures (`def test_x(assert_close, forward_backward): ...`)."""
 
-from typing import Callable, Dict
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -73,8 +73,8 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(True)
 
 
-def forward_backward(fn: Callable, inputs: Dict[str, torch.Tensor], initial_state=None,
-                     **kwargs) -> Dict[str, torch.Tensor]:
+def forward_backward(fn: Callable, inputs: dict[str, torch.Tensor], initial_state=None,
+                     **kwargs) -> dict[str, torch.Tensor]:
     """Run fn(*inputs, initial_state=, output_final_state=True, **kwargs), backprop fixed
     random cotangents through the output and final state, and collect everything.
 

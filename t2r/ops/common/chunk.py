@@ -45,7 +45,6 @@ GQA: q is viewed as [.., H, G, K] and the G query heads of a group share the
 kv head's state in every matmul; k/v/gates/state are never repeated.
 """
 import math
-from typing import Tuple
 
 import torch
 import torch.nn.functional as F
@@ -299,7 +298,7 @@ def chunk_gated_linear_attention(
     output_final_state: bool = False,
     chunk_size: int = 64,
     segments: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Engine for one batch of equal-length rows (no checks).
 
     q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V]; g [B,T,H], gk [B,T,H,K], gv [B,T,H,V]

@@ -38,7 +38,6 @@ The transposed products that backward needs (A^T, dA^T) are computed as their ow
 from loaded operands instead of tl.trans of an accumulator: Triton 3.6 miscompiles
 tl.trans(acc) fed into tl.dot on Hopper at some block sizes (fla issue #640).
 """
-from typing import Tuple
 
 import torch
 import triton
@@ -203,7 +202,7 @@ class _ChunkLinearAttnFunction(torch.autograd.Function):
 @torch.library.custom_op("t2r::chunk_linear_attn", mutates_args=())
 def _chunk_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, h0: torch.Tensor | None,
               cu_seqlens: torch.Tensor | None, scale: float, scalar: bool, chunk_size: int,
-              sub_block: int) -> Tuple[torch.Tensor, torch.Tensor]:
+              sub_block: int) -> tuple[torch.Tensor, torch.Tensor]:
     o, _, ht = _fwd(q, k, v, g, scale, h0, cu_seqlens, scalar, chunk_size, sub_block)
     return o, ht
 
@@ -220,7 +219,7 @@ def _(q, k, v, g, h0, cu_seqlens, scale, scalar, chunk_size, sub_block):
 def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        h0: torch.Tensor | None, cu_seqlens: torch.Tensor | None, ht: torch.Tensor,
                        do: torch.Tensor, dht: torch.Tensor, scale: float, scalar: bool, chunk_size: int,
-                       sub_block: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       sub_block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     h, _ = _states(k, v, g, h0, cu_seqlens, scalar, chunk_size)
     dq, dk, dv, dg, dh0 = _bwd(q, k, v, g, h, ht, do.contiguous(), dht.contiguous(), scale, h0, cu_seqlens, scalar,
                                chunk_size, sub_block)

@@ -52,7 +52,6 @@ host synchronisation: each position carries its document's start and end.
 from __future__ import annotations
 
 import os
-from typing import Tuple
 
 import torch
 import triton
@@ -246,7 +245,7 @@ class ForgettingAttentionFunction(torch.autograd.Function):
 @torch.library.custom_op("t2r::forgetting_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None,
-                  scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     cq, ck = _prep_c(g, attention_mask)
     seg_start = _seg_bounds(cu_seqlens, q.shape[1])[0] if cu_seqlens is not None else None
     return _fwd(q, k, v, cq, ck, scale, seg_start)
@@ -262,7 +261,7 @@ def _(q, k, v, g, cu_seqlens, attention_mask, scale):
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                            cu_seqlens: torch.Tensor | None, attention_mask: torch.Tensor | None,
                            o: torch.Tensor, rowb: torch.Tensor, do: torch.Tensor,
-                           scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _, ck = _prep_c(g, attention_mask)
     seg_start = seg_end = None
     if cu_seqlens is not None:

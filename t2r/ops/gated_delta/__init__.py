@@ -1,6 +1,5 @@
 """Gated delta rule (Gated DeltaNet, Yang, Kautz & Hatamizadeh 2024, arXiv 2412.06464): linear attention whose
 state is edited by a delta-rule write (replace the value stored under k_t) and decays by a gate per step."""
-from typing import Tuple
 
 import torch
 
@@ -24,7 +23,7 @@ def gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule, Gated DeltaNet eq. 10 with the state S_t in R^{K x V} per kv head:
 
         S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = scale * S_t^T q_t

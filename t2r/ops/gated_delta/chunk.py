@@ -19,7 +19,6 @@ before exp, nothing overflows; exponents that span a segment are summed over it 
 Padding with zeros is inert (beta = 0 writes nothing, g = 0 keeps S).
 Differentiable by autograd; float64 inputs compute in float64 (for gradcheck), others in fp32.
 """
-from typing import Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +46,7 @@ def _chunks(x: torch.Tensor, C: int, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(B, (T + pad) // C, C, H, *x.shape[3:]).movedim(3, 1)
 
 
-def _segment_decays(gates: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _segment_decays(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """exp(b_i - b_j) for j <= i (and for j < i), else 0: [.., C] -> two [.., C, C].
 
     The exponent is summed directly over the segment j < s <= i rather than taken as the difference of two
@@ -114,7 +113,7 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise gated delta rule; same contract as `t2r.ops.gated_delta.gated_delta_rule`."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
@@ -129,7 +128,7 @@ def chunk_gated_delta_rule(
     return o.to(v.dtype), final
 
 
-def check_gated_delta_inputs(op: str, q, k, v, g, beta, initial_state, cu_seqlens) -> Tuple[int, ...]:
+def check_gated_delta_inputs(op: str, q, k, v, g, beta, initial_state, cu_seqlens) -> tuple[int, ...]:
     """Validate gated_delta_rule arguments; return (B, T, HQ, H, K, V)."""
     B, T, HQ, H, K, V = check_qkv(op, q, k, v)
     check_gate(op, "g", g, [B, T, H], "one log decay per kv head and step")

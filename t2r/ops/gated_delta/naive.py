@@ -10,7 +10,6 @@ With the state S_t in R^{K x V} per kv head (keys index its rows, as in every op
 alpha_t = exp(g_t)). Query head i reads kv head i // (HQ // H) (GQA). This is the ground truth that the
 chunkwise form and the Triton kernels are tested against; slow on purpose.
 """
-from typing import Tuple
 
 import torch
 
@@ -25,7 +24,7 @@ def gated_delta_rule_step(
     beta: torch.Tensor,
     state: torch.Tensor,
     scale: float,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the recurrence, literally: q [B,HQ,K], k [B,H,K], v [B,H,V], g / beta [B,H],
     state [B,H,K,V] fp32 -> (o [B,HQ,V] fp32, new state [B,H,K,V] fp32). Decoding on CPU uses it."""
     B, HQ, K = q.shape
@@ -46,7 +45,7 @@ def naive_recurrent_gated_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g / beta [B,T,H] -> (o [B,T,HQ,V] in v's dtype,
     final state [B,H,K,V] fp32 or None)."""
     B, T, HQ, K = q.shape

@@ -25,7 +25,6 @@ CPU). Triton 3.6 on Hopper
 miscompiles tl.trans of an accumulator fed to a dot (fla #640): no kernel here uses tl.trans; transposed
 operands are loaded through transposed block pointers.
 """
-from typing import Tuple
 
 import torch
 import triton
@@ -167,7 +166,7 @@ class _ChunkGatedDeltaFunction(torch.autograd.Function):
 @torch.library.custom_op("t2r::chunk_gated_delta", mutates_args=())
 def _chunk_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               h0: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-              scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     o, _, ht = _fwd(q, k, v, g, beta, scale, h0, cu_seqlens)
     return o, ht
 
@@ -184,7 +183,7 @@ def _(q, k, v, g, beta, h0, cu_seqlens, scale):
 def _chunk_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                        h0: torch.Tensor | None, cu_seqlens: torch.Tensor | None, do: torch.Tensor,
                        dht: torch.Tensor, scale: float
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T = q.shape[:2]
     saved = _states(k, v, g, beta, h0, cu_seqlens, prepare_chunks(B, T, BT, cu_seqlens))[:5]
     dq, dk, dv, dg, dbeta, dh0 = _bwd(q, k, v, beta, saved, do.contiguous(), dht.float().contiguous(), scale, h0,
@@ -223,7 +222,7 @@ def chunk_gated_delta_rule_triton(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule with the Triton chunkwise kernels (forward and backward).
 
     q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g / beta [B,T,H], initial_state [N,H,K,V]; K <= 128.

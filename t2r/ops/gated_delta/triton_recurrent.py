@@ -8,7 +8,6 @@ the T steps (Gated DeltaNet eq. 10 with the K x V state):
 for every query head of its GQA group, so one step reads and writes the state once, whatever the group
 size. S^T k_t only sums over K, so V-blocks are independent. Forward only: training uses the chunk kernels.
 """
-from typing import Tuple
 
 import torch
 import triton
@@ -64,7 +63,7 @@ def fused_recurrent_gated_delta_rule_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     scale: float | None = None, initial_state: torch.Tensor | None = None,
     output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule step by step (decoding): q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g / beta [B,T,H],
     initial_state [N,H,K,V]; forward only. Same semantics as
     ``t2r.ops.gated_delta.naive.naive_recurrent_gated_delta_rule`` (plus cu_seqlens)."""

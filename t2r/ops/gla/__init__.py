@@ -1,5 +1,4 @@
 """Gated Linear Attention (GLA, Yang et al., 2024): linear attention with a per-key-channel forget gate."""
-from typing import Tuple
 
 import torch
 
@@ -22,7 +21,7 @@ def gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated linear attention, GLA paper eq. 3:
 
         S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T,     o_t = scale * S_t^T q_t

@@ -1,5 +1,4 @@
 """Chunkwise GLA: the shared engine (`t2r.ops.common.chunk`) with a per-key-channel decay gk."""
-from typing import Tuple
 
 import torch
 
@@ -28,7 +27,7 @@ def chunk_gla(
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise GLA with per-key-channel decay g [B,T,H,K]; same contract as `t2r.ops.gla`."""
     K = check_gla_inputs("chunk_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 
@@ -41,7 +40,7 @@ def chunk_gla(
     return o.to(v.dtype), final
 
 
-def check_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> Tuple[int, ...]:
+def check_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> tuple[int, ...]:
     """Validate gla arguments; return (B, T, HQ, H, K, V)."""
     B, T, HQ, H, K, V = check_qkv(op, q, k, v)
     check_gate(op, "g", g, [B, T, H, K], "one log decay per key channel of each kv head",

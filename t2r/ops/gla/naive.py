@@ -7,7 +7,6 @@ Query heads are grouped onto kv heads (GQA): query head i reads kv head
 i // (HQ // H). This is the ground truth the chunkwise form and the Triton
 kernels are tested against; it is slow (a Python loop over time) on purpose.
 """
-from typing import Tuple
 
 import torch
 
@@ -22,7 +21,7 @@ def naive_recurrent_gla(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [B,T,HQ,K], k/g [B,T,H,K], v [B,T,H,V] -> (o [B,T,HQ,V], final state [B,H,K,V] fp32 or None)."""
     B, T, HQ, K = q.shape
     H, V = v.shape[2], v.shape[3]

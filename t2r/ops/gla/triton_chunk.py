@@ -1,6 +1,5 @@
 """Triton chunkwise kernels for GLA: the shared linear-attention kernels (`t2r/ops/common/triton_chunk.py`,
 ``SCALAR=False``) with one log decay per key channel, anchored inside each chunk (see there)."""
-from typing import Tuple
 
 import torch
 
@@ -18,7 +17,7 @@ def chunk_gla_triton(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GLA with Triton chunkwise kernels (forward and backward).
 
     q [B,T,HQ,K], k/g [B,T,H,K] (g = log decay <= 0), v [B,T,H,V], initial_state [N,H,K,V];

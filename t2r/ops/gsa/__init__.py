@@ -1,5 +1,4 @@
 """Gated Slot Attention (GSA, Zhang et al., 2024): bounded-memory attention with a softmax over slots."""
-from typing import Tuple
 
 import torch
 
@@ -19,10 +18,10 @@ def gsa(
     g: torch.Tensor,
     *,
     scale: float | None = None,
-    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """Gated slot attention, GSA paper eq. 6-7 (two-pass form):
 
         K~_t = Diag(exp g_t) K~_{t-1} + s_t k_t^T

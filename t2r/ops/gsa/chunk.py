@@ -11,7 +11,6 @@ GSA paper eq. 6-7 split into two GLA recurrences that the shared engine
 
 Both passes keep the GQA grouping: o' has HQ heads and reads the shared V~.
 """
-from typing import Tuple
 
 import torch
 
@@ -28,10 +27,10 @@ from ..utils import (
 
 __all__ = ["chunk_gsa", "check_gsa_inputs"]
 
-GSAState = Tuple[torch.Tensor, torch.Tensor]
+GSAState = tuple[torch.Tensor, torch.Tensor]
 
 
-def check_gsa_inputs(op: str, q, k, v, s, g, initial_state, cu_seqlens) -> Tuple[int, ...]:
+def check_gsa_inputs(op: str, q, k, v, s, g, initial_state, cu_seqlens) -> tuple[int, ...]:
     """Validate gsa arguments; return (B, T, HQ, H, K, V, M)."""
     B, T, HQ, H, K, V = check_qkv(op, q, k, v)
     if s.dim() != 4 or list(s.shape[:3]) != [B, T, H]:
@@ -79,7 +78,7 @@ def chunk_gsa(
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, GSAState | None]:
+) -> tuple[torch.Tensor, GSAState | None]:
     """Chunkwise GSA; same contract as `t2r.ops.gsa`."""
     K = check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state, cu_seqlens)[4]
     if initial_state is not None:

@@ -9,7 +9,6 @@ With M memory slots per head, slot write weights s_t and log decays g_t in R^M:
 
 Query head i reads kv head i // (HQ // H) (GQA).
 """
-from typing import Tuple
 
 import torch
 
@@ -23,9 +22,9 @@ def naive_recurrent_gsa(
     s: torch.Tensor,
     g: torch.Tensor,
     scale: float | None = None,
-    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
-) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], s/g [B,T,H,M]
     -> (o [B,T,HQ,V], (K~ [B,H,K,M], V~ [B,H,M,V]) fp32 or None)."""
     B, T, HQ, K = q.shape

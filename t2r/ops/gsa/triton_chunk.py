@@ -49,7 +49,6 @@ Triton 3.6 on Hopper miscompiles tl.trans of an MMA accumulator fed to another d
 issue #640): every transposed product here (A^T, dA^T) is its own dot of loaded or
 elementwise operands; only loaded/elementwise tiles are ever transposed.
 """
-from typing import Tuple
 
 import torch
 import triton
@@ -127,7 +126,7 @@ def _steep_programs(n: int, device) -> int:
     return max(1, min(n, P))
 
 
-def _chunk_lists(n: int, device) -> Tuple[torch.Tensor, torch.Tensor, int]:
+def _chunk_lists(n: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Per (chunk, kv head) flags (1: steep, sub-blocks), the list [count, entries...] of the steep
     ones (both filled by _fwd_o), and the program count P of the sub-block launches."""
     flags = torch.empty(n, dtype=torch.int8, device=device)
@@ -294,7 +293,7 @@ class ChunkGSAFunction(torch.autograd.Function):
 # them, where the Function above would break it. The forward returns what backward reads besides the inputs
 # (z, p, the steep-chunk flags and list, whose size follows the chunk count: data-dependent with cu_seqlens);
 # the backward recomputes the slot memories entering each chunk (one state scan) instead of saving them.
-_Tensors7 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+_Tensors7 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @torch.library.custom_op("t2r::chunk_gsa", mutates_args=())
@@ -367,10 +366,10 @@ def chunk_gsa_triton(
     s: torch.Tensor,
     g: torch.Tensor,
     scale: float | None = None,
-    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """Chunkwise GSA on Triton (forward and backward); same contract as `t2r.ops.gsa`. fp16 inputs
     run the kernels in bf16 (range of the decay factors); the output comes back in v's dtype."""
     K = q.shape[-1]

@@ -5,7 +5,6 @@ in fp32 registers across the steps and serves every query head of its GQA group 
 them, so one decode step reads and writes each state exactly once and never repeats
 k, v, s, g or the states per query head.
 """
-from typing import Tuple
 
 import torch
 import triton
@@ -72,10 +71,10 @@ def fused_recurrent_gsa_triton(
     s: torch.Tensor,
     g: torch.Tensor,
     scale: float | None = None,
-    initial_state: Tuple[torch.Tensor, torch.Tensor] | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """Step-by-step GSA (inference only, no autograd); same contract as `t2r.ops.gsa`.
 
     Meant for decoding (a few steps per call); the cost grows linearly with T and the

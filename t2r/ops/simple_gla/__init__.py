@@ -1,5 +1,4 @@
 """Simple GLA: linear attention with one data-dependent (or constant, RetNet) decay per head."""
-from typing import Tuple
 
 import torch
 
@@ -21,7 +20,7 @@ def simple_gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linear attention with a scalar decay per head and step:
 
         S_t = exp(g_t) S_{t-1} + k_t v_t^T,     o_t = scale * S_t^T q_t

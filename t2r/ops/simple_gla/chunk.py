@@ -4,7 +4,6 @@ A scalar gate keeps the intra-chunk decay a [C, C] matrix exp(b_i - b_j)
 (RetNet's chunkwise form, GLA paper appendix C.2 with A = 1, B = gamma^i), so no
 per-channel sub-chunking is needed; see `t2r.ops.common.chunk` for the algorithm.
 """
-from typing import Tuple
 
 import torch
 
@@ -22,7 +21,7 @@ from ..utils import (
 __all__ = ["chunk_simple_gla", "check_simple_gla_inputs"]
 
 
-def check_simple_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> Tuple[int, ...]:
+def check_simple_gla_inputs(op: str, q, k, v, g, initial_state, cu_seqlens) -> tuple[int, ...]:
     """Validate simple_gla arguments; return (B, T, HQ, H, K, V)."""
     B, T, HQ, H, K, V = check_qkv(op, q, k, v)
     check_gate(op, "g", g, [B, T, H], "one log decay per kv head and step",
@@ -43,7 +42,7 @@ def chunk_simple_gla(
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise simple GLA with g [B,T,H]; same contract as `t2r.ops.simple_gla`."""
     K = check_simple_gla_inputs("chunk_simple_gla", q, k, v, g, initial_state, cu_seqlens)[4]
 

@@ -6,7 +6,6 @@ A constant g gives RetNet's retention (gamma = exp g); a data-dependent g gives
 Mamba-2 / gated retention style decays (GLA paper, Table 1, G_t = gamma_t 1^T 1).
 Query head i reads kv head i // (HQ // H) (GQA).
 """
-from typing import Tuple
 
 import torch
 
@@ -21,7 +20,7 @@ def naive_recurrent_simple_gla(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g [B,T,H] -> (o [B,T,HQ,V], state [B,H,K,V] fp32 or None)."""
     B, T, HQ, K = q.shape
     H, V = v.shape[2], v.shape[3]

@@ -3,7 +3,6 @@
 The kernels are shared with GLA (``t2r/ops/common/triton_chunk.py``, ``SCALAR=True``): with a
 scalar decay the intra-chunk decay is the exact BT x BT matrix 2^(b_i - b_j), no anchoring.
 """
-from typing import Tuple
 
 import torch
 
@@ -33,7 +32,7 @@ def chunk_simple_gla_triton(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Simple GLA with Triton chunkwise kernels (forward and backward).
 
     q [B,T,HQ,K], k [B,T,H,K], v [B,T,H,V], g [B,T,H] (log decay <= 0),

@@ -1,6 +1,5 @@
 """Triton recurrent step for simple GLA (decoding): the shared kernel of
 `t2r/ops/common/triton_recurrent.py` with one log decay per head and step."""
-from typing import Tuple
 
 import torch
 
@@ -13,7 +12,7 @@ def fused_recurrent_simple_gla_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     scale: float | None = None, initial_state: torch.Tensor | None = None,
     output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Simple-GLA recurrence step by step (decoding). g [B,T,H]; forward only, no autograd.
 
     Same semantics as ``t2r.ops.simple_gla.naive.naive_recurrent_simple_gla`` (plus cu_seqlens).
