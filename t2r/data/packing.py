@@ -72,7 +72,7 @@ class PackedSequences(IterableDataset):
                 docs.append((len(ids), index, offset))
                 ids += tokens
                 starts += [opens and offset == 0] + [False] * (len(tokens) - 1)
-            following = (batch[-1][0] + 1, 0) if batch else None  # the next document, from its first token
+            following = (batch[-1][0] + 1, 0) if batch else None  # the next piece, from its first token
             full = len(ids) // self.seq_len * self.seq_len
             for begin in range(0, full, self.seq_len):
                 row = self._row(ids[begin:begin + self.seq_len], starts[begin:begin + self.seq_len])
@@ -85,8 +85,8 @@ class PackedSequences(IterableDataset):
     def _tokenised_batches(self) -> Iterator[list[tuple[int, int, list[int], bool]]]:
         """(piece index, first token kept, token ids, whether the piece opens its document) of each piece with
         tokens, from `start`, up to `batch_docs` pieces (and ~4 pieces' characters) per fast-tokenizer call, so that
-        no call holds training up for long; an EOS ends each document's last
-        piece. The pieces before `start` are cut from their documents, not tokenised."""
+        no call holds training up for long; an EOS ends each document's last piece. The pieces before `start` are
+        cut from their documents, not tokenised."""
         first, dropped = self.start
         texts = enumerate(pieces(self.documents(), self.piece_chars))
         deque(islice(texts, first), maxlen=0)
@@ -139,8 +139,8 @@ def _take(items: Iterator[tuple[int, tuple[str, bool, bool]]], count: int, chars
 
 
 def _position(docs: list[tuple[int, int, int]], at: int) -> tuple[int, int]:
-    """(piece, token) of buffer position `at`, from the (buffer position, piece, token) of each
-    document's first buffered token."""
+    """(piece, token) of buffer position `at`, from the (buffer position, piece, token) of each piece's first
+    buffered token."""
     where, index, offset = max((d for d in docs if d[0] <= at), key=lambda d: d[0])
     return index, offset + at - where
 
