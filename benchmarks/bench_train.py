@@ -64,7 +64,9 @@ def contenders(source, targets, hybrid_every: int, hybrid_target: str = "gsa", w
     suffix = f" + window {window}+{sinks}" if window else ""
     yield "source (SDPA)", lambda: source
     for target in targets:
-        yield target + suffix, lambda target=target: t2r.convert(source, target, **options)
+        windowed = options and "window" in t2r.MIXERS[target].options.field_names()  # fox has no window
+        yield (target + (suffix if windowed else ""),
+               lambda target=target, windowed=windowed: t2r.convert(source, target, **(options if windowed else {})))
     if hybrid_every:
         kept = set(range(hybrid_every - 1, layers, hybrid_every))
         converted = [i for i in range(layers) if i not in kept]

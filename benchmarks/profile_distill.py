@@ -298,25 +298,39 @@ def kernel_table(run, accum: int) -> list[str]:
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         run()
         torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) * 1e3
+    return profile_summary(prof, (time.perf_counter() - start) * 1e3, accum)
+
+
+def profile_summary(prof, wall: float, micro_batches: int, label: str = "step") -> list[str]:
+    """A finished torch.profiler's GPU time and launches per kernel kind, per micro-batch, the top kernels, and
+    the host's waits for the GPU (synchronisations and device-to-host copies), over `wall` ms of
+    `micro_batches` micro-batches."""
     triton_kernels = t2r_triton_kernels()
     by_kind, launches, by_name = defaultdict(float), defaultdict(int), defaultdict(float)
+    waits, waited = 0, 0.0
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
+            if event.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
+                waits += 1
+                waited += event.cpu_time_total / 1e3
             continue
         kind = kernel_kind(event.name, triton_kernels)
         by_kind[kind] += event.device_time / 1e3
         launches[kind] += 1
         by_name[event.name] += event.device_time / 1e3
     busy = sum(by_kind.values())
-    lines = [f"Under torch.profiler: step {wall:.0f} ms wall, GPU busy {busy:.0f} ms ({busy / wall:.0%}), "
-             f"{sum(launches.values()):,} kernel launches", "",
+    if not busy:
+        return [f"Under torch.profiler: {label} {wall:.0f} ms wall; no GPU kernels (no kernel table)"]
+    lines = [f"Under torch.profiler: {label} {wall:.0f} ms wall, GPU busy {busy:.0f} ms ({busy / wall:.0%}), "
+             f"{sum(launches.values()):,} kernel launches; the host waited for the GPU {waits} times "
+             f"({waited:.0f} ms)", "",
              "| kernels by kind | GPU ms per micro-batch | share | launches per micro-batch |", "|---|---|---|---|"]
     for kind, value in sorted(by_kind.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {kind} | {value / accum:.1f} | {value / busy:.0%} | {launches[kind] / accum:,.0f} |")
+        lines.append(f"| {kind} | {value / micro_batches:.1f} | {value / busy:.0%} | "
+                     f"{launches[kind] / micro_batches:,.0f} |")
     lines += ["", "| top kernels | GPU ms per micro-batch |", "|---|---|"]
     for kernel, value in sorted(by_name.items(), key=lambda kv: -kv[1])[:15]:
-        lines.append(f"| `{kernel[:90]}` | {value / accum:.1f} |")
+        lines.append(f"| `{kernel[:90]}` | {value / micro_batches:.1f} |")
     return lines
 
 

@@ -63,10 +63,13 @@ def rows(run: Path) -> list[dict]:
     return out
 
 
-def memory_window(run: Path) -> dict:
-    """The training-free window of the student's own memory (the frontier point it must beat), 2K evaluation."""
+def memory_window(run: Path) -> dict | None:
+    """The training-free window of the student's own memory (the frontier point it must beat), 2K evaluation;
+    None for a student whose memory grows like the source's (FoX keeps every key and value: no window matches)."""
     short = json.loads((run / "eval-2k/results.json").read_text())
-    name = next(r["name"] for r in short["perplexity"]["results"] if r["name"].startswith("mem window"))
+    name = next((r["name"] for r in short["perplexity"]["results"] if r["name"].startswith("mem window")), None)
+    if name is None:
+        return None
     row = {"name": f"{run.name}: {name}"}
     for label, ppl, kl in _texts(short):
         row[f"ppl 1K-2K {label}"] = _bucket(ppl, name, "1024-2048", "ppl")
@@ -91,7 +94,8 @@ def main(runs: list[Path]) -> str:
         student, source = rows(run)
         table.append(student)
     table.append(source)  # the same source scores in every run (read from the evaluation cache)
-    return markdown(table) + "\n\n" + markdown([memory_window(run) for run in runs])
+    windows = [row for row in map(memory_window, runs) if row is not None]
+    return markdown(table) + ("\n\n" + markdown(windows) if windows else "")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,13 @@ leaves parameter names and state dicts as they were, so checkpoints and saved mo
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
+
+# The graphs the layers' one code object may need in a training run: teacher and student layers, converted and
+# kept, training and evaluation, before and after the first dynamic shape. Dynamo's default (8) made the ninth
+# fall back to eager without saying more than a warning.
+RECOMPILE_LIMIT = 64
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -21,6 +27,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
     """Every decoder layer through torch.compile (static shapes by default); returns `model`."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     for layer in decoder_layers(model):
         layer.compile(dynamic=dynamic)
     return model

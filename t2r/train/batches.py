@@ -3,9 +3,12 @@ over processes (resumable by skipping what was trained), and the held-out loss m
 
 from __future__ import annotations
 
+import atexit
+import queue
+import threading
 from functools import partial
 from itertools import islice
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,14 +21,76 @@ def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start:
     """Micro-batches of packed rows, flattened into one sequence with document boundaries. Each
     epoch shuffles the documents with its own seed (the held-out split depends on the base seed only). `start`:
     (piece, token) of the epoch's stream to begin at (`MicroBatches.position`). Rows of `data.seq_len` tokens,
-    `train.micro_batch_size` a micro-batch, or those of `stage` (a `StageSection`)."""
+    `train.micro_batch_size` a micro-batch, or those of `stage` (a `StageSection`); the training part gives whole
+    micro-batches only."""
     cfg = recipe.data.data_config()
     seed = recipe.train.seed + epoch
     seq_len, micro = ((stage.seq_len, stage.micro_batch_size) if stage is not None else
                       (recipe.data.seq_len, recipe.train.micro_batch_size))
     rows = PackedSequences(lambda: load_documents(cfg, seed, part), tokenizer, seq_len, start=start)
     collate = partial(collate_packed, document_boundaries=recipe.data.document_boundaries)
-    return DataLoader(rows, batch_size=micro, collate_fn=collate)
+    # training: only whole micro-batches, so every step trains on train.tokens_per_step tokens and a compiled
+    # step never meets a shorter shape (its recompilation cost 58 s at an epoch's end on an H100, 2026-11-27);
+    # the epoch's last rows, fewer than a micro-batch, are left out
+    return DataLoader(rows, batch_size=micro, collate_fn=collate, drop_last=part == "train")
+
+
+PREFETCH = 2  # micro-batches a training stream tokenises and packs ahead, beside the step that trains
+_EXITING = threading.Event()  # set at interpreter exit: every reading-ahead thread stops
+
+
+@atexit.register
+def _stop_reading_ahead() -> None:
+    _EXITING.set()
+    for thread in threading.enumerate():
+        if thread.name == "t2r-micro-batches":
+            thread.join(timeout=5)
+
+
+def ahead(items: Iterable, depth: int, prepare: Callable = lambda item: item) -> Iterator:
+    """`prepare(item)` for the items of `items`, in order, read up to `depth` ahead by a background thread: the
+    fast tokenizer (which releases the GIL) and the packing run while the GPU trains on the micro-batch before.
+    An error in the thread is raised here; the thread stops once the consumer stops. depth 0: no thread."""
+    if depth <= 0:
+        yield from map(prepare, items)
+        return
+    done, queued, stop = object(), queue.Queue(maxsize=depth), threading.Event()
+
+    def put(entry) -> bool:
+        while not (stop.is_set() or _EXITING.is_set()):
+            try:
+                queued.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill():
+        try:
+            for item in items:
+                if not put((prepare(item), None)):
+                    return
+            put((done, None))
+        except BaseException as error:  # raised again in the consumer, with its traceback
+            put((None, error))
+
+    thread = threading.Thread(target=fill, name="t2r-micro-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = queued.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+def _pinned(batch: dict) -> dict:
+    """The batch's tensors in page-locked memory: their copies to the GPU then run beside the host."""
+    return {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class MicroBatches:
@@ -40,11 +105,13 @@ class MicroBatches:
     `skip` again, which a resume at billions of tokens could not afford."""
 
     def __init__(self, make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
-                 skip: int = 0, epochs: int | None = None, start: dict | None = None, key: dict | None = None):
+                 skip: int = 0, epochs: int | None = None, start: dict | None = None, key: dict | None = None,
+                 prefetch: int = PREFETCH):
         if start is not None and start["index"] > skip:
             raise ValueError(f"a stream position at micro-batch {start['index']} is past skip={skip}")
         self.make_loader, self.device, self.rank, self.world, self.skip = make_loader, device, rank, world, skip
         self.epochs, self.key = epochs, dict(key or {})
+        self.prefetch, self.pinned = prefetch, torch.device(device).type == "cuda"
         self.at = ({"epoch": start["epoch"], "index": start["index"], "doc": start["doc"], "offset": start["offset"]}
                    if start is not None else {"epoch": 0, "index": 0, "doc": 0, "offset": 0})
         self._stream = self._all()
@@ -56,7 +123,7 @@ class MicroBatches:
             begin = (self.at["doc"], self.at["offset"])
             loader = self.make_loader(epoch, start=begin) if begin != (0, 0) else self.make_loader(epoch)
             first = self.at["index"]
-            for batch in loader:
+            for batch in ahead(loader, self.prefetch, _pinned if self.pinned else (lambda batch: batch)):
                 following = batch.pop("stream_next", None)
                 index = self.at["index"]
                 self.at = {"epoch": epoch, "index": index + 1, "doc": None, "offset": None}
@@ -65,8 +132,9 @@ class MicroBatches:
                 yield index, batch
             if self.at["index"] == first and begin == (0, 0):  # a whole epoch without one micro-batch
                 if epoch == 0 and self.epochs is None:
-                    raise ValueError("the training data gave no full sequence: check data.path, data.text_field "
-                                     "and data.held_out, or lower data.seq_len")
+                    raise ValueError("the training data gave no full micro-batch (train.micro_batch_size rows of "
+                                     "data.seq_len tokens): check data.path, data.text_field and data.held_out, or "
+                                     "lower data.seq_len or train.micro_batch_size")
                 return
             epoch += 1
             self.at = {"epoch": epoch, "index": self.at["index"], "doc": 0, "offset": 0}
@@ -74,7 +142,12 @@ class MicroBatches:
     def __iter__(self):
         for index, batch in self._stream:
             if index >= self.skip and index % self.world == self.rank:
-                yield {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                yield {k: v.to(self.device, non_blocking=self.pinned) if torch.is_tensor(v) else v
+                       for k, v in batch.items()}
+
+    def close(self) -> None:
+        """Stop reading ahead (the stream ends here)."""
+        self._stream.close()
 
     def position(self, consumed: int) -> dict | None:
         """Where the stream stands after its first `consumed` micro-batches, read on, past micro-batches of the
@@ -93,9 +166,9 @@ class MicroBatches:
 
 def micro_batches(make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
                   skip: int = 0, epochs: int | None = None, start: dict | None = None,
-                  key: dict | None = None) -> MicroBatches:
+                  key: dict | None = None, prefetch: int = PREFETCH) -> MicroBatches:
     """`MicroBatches(...)`: this process's share of the stream, from `start` (a `position`) when given."""
-    return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key)
+    return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key, prefetch)
 
 
 def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1, max_batches: int = 50) -> float:
@@ -106,7 +179,7 @@ def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1
     and a process with one forward fewer left the others waiting (FSDP2 on two H100s, 2026-11-27)."""
     from t2r.models.packed_attention import packed_attention
 
-    stream = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, epochs=1)
+    stream = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, epochs=1, prefetch=0)
     batches = list(islice(stream, max_batches))  # the held-out part is small: every process reads all of it
     if not batches:
         return float("nan")

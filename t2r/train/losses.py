@@ -43,7 +43,8 @@ def hidden_states_as_logits(model):
 
 
 def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
-    """batch -> (sum of weight x part, {part: value}) for `stage`; the kl part is T^2 KL(teacher || student),
+    """batch -> (sum of weight x part, {part: detached 0-d tensor}) for `stage` (nothing read back to the host:
+    the step loop reads a whole step's sums once); the kl part is T^2 KL(teacher || student),
     the attention_mse part `targets.mse(...)` after the teacher's forward filled its hooks. With `fused`, the kl
     part (and the next-token part beside it) come from `t2r.train.kl`, chunk by chunk."""
     weights = {name: w for name, w in stage.loss.items() if w}
@@ -74,7 +75,7 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
                 if targets is not None:  # the teacher's forward above filled the hooks
                     parts["attention_mse"] = targets.mse(student_forward)
                 total = sum(weights[name] * value for name, value in parts.items())
-                return total, {name: value.detach().float().item() for name, value in parts.items()}
+                return total, {name: value.detach().float() for name, value in parts.items()}
             if "kl" in weights or targets is not None:
                 with torch.no_grad():
                     target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
@@ -87,6 +88,6 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
             if targets is not None:
                 parts["attention_mse"] = targets.mse(student_forward)
         total = sum(weights[name] * value for name, value in parts.items())
-        return total, {name: value.detach().float().item() for name, value in parts.items()}
+        return total, {name: value.detach().float() for name, value in parts.items()}
 
     return loss

@@ -195,8 +195,10 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer,
     accelerator.step = 0  # a stage starts on an optimizer-step boundary, whatever the last one accumulated
     per_micro = stage.seq_len * stage.micro_batch_size
     skip = state["step"] * tps // per_micro  # the stream continues across stages
-    # what a saved stream position must match to be reused (positions count pieces of PIECE_CHARS since 2026-11-27)
-    packing = {"seq_len": stage.seq_len, "micro_batch_size": stage.micro_batch_size, "piece_chars": PIECE_CHARS}
+    # what a saved stream position must match to be reused (positions count pieces of PIECE_CHARS, and epochs end
+    # on whole micro-batches, since 2026-11-27)
+    packing = {"seq_len": stage.seq_len, "micro_batch_size": stage.micro_batch_size, "piece_chars": PIECE_CHARS,
+               "whole_micro_batches": True}
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train", stage=stage), accelerator.device,
                             accelerator.process_index, world, skip=skip, key=packing,
                             start=_stream_start(state.get("data_position"), skip, packing))

@@ -37,24 +37,36 @@ class Steps:
     lr_field: str = "train.lr"
     manual_grad_sync: bool = False  # average the gradients over processes here (a loss outside the model's forward)
     clock: object = None  # a `StartupClock` still open: closed, printed and written after this run's first step
-    micro_tokens: int = 0  # the tokens of a full micro-batch: a shorter one (the data's last rows) is noted
+    micro_tokens: int = 0  # the tokens of a micro-batch (where the stream stands is counted in micro-batches)
 
 
 @dataclass
 class Window:
     """What the micro-batches of one optimizer step add up to: the loss and its parts (each micro-batch's divided
-    by the accumulation), the tokens of every process, and when the step began."""
+    by the accumulation), the tokens of every process, and when the step began. The sums stay on the device
+    until `read` (once a step): a read-back per micro-batch would stop the host from queueing the next one's
+    kernels while the GPU runs this one's."""
 
-    loss: float = 0.0
+    loss: float | torch.Tensor = 0.0
     parts: dict = field(default_factory=dict)
     tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
 
     def add(self, loss: torch.Tensor, parts: dict, tokens: int, accum: int) -> None:
-        self.loss += loss.detach().float().item() / accum
+        self.loss = self.loss + loss.detach().float() / accum
         for name, value in parts.items():
             self.parts[name] = self.parts.get(name, 0.0) + value / accum
         self.tokens += tokens
+
+    def read(self, accelerator) -> None:
+        """The loss and its parts as floats, averaged over processes (every process then takes the same decisions):
+        one transfer from the device."""
+        values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=accelerator.device).reshape(())
+                              for v in (self.loss, *self.parts.values())])
+        if accelerator.num_processes > 1:
+            values = accelerator.reduce(values, "mean")
+        self.loss, *rest = values.tolist()
+        self.parts = dict(zip(self.parts, rest))
 
 
 @dataclass
@@ -76,7 +88,6 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     for batch in loop.batches:
         if loop.step >= loop.end:
             break
-        loop.note_short(batch)
         with accelerator.accumulate(model):
             loss, parts = run.loss(batch)
             accelerator.backward(loss)
@@ -88,6 +99,8 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
         if accelerator.sync_gradients:
             metrics = loop.after_step(update)
     loop.progress.close()
+    if hasattr(run.batches, "close"):  # the thread reading ahead stops with the run
+        run.batches.close()
     return metrics
 
 
@@ -114,22 +127,12 @@ class StepLoop:
         self.batches = self.clock.timed_batches(run.batches) if self.clock is not None else run.batches
         self.window = Window()  # the step being accumulated
 
-    def note_short(self, batch) -> None:
-        """A note when a micro-batch is shorter than a full one (the data's last rows)."""
-        if batch["input_ids"].numel() < self.run.micro_tokens:
-            self.accelerator.print(
-                f"note: step {self.step + 1}: a short micro-batch, {batch['input_ids'].numel():,} of "
-                f"{self.run.micro_tokens:,} tokens (the last rows of the data before it starts over); this step "
-                f"trains on fewer than train.tokens_per_step={self.recipe.train.tokens_per_step:,} tokens")
-
     def optimizer_step(self) -> Update:
         """The accumulated gradients into one update: the loss averaged over processes (every process then takes
         the same decision), clipped, the step skipped when not finite (`NonFiniteGuard`), a collapse watched."""
         accelerator, run, window = self.accelerator, self.run, self.window
+        window.read(accelerator)
         if accelerator.num_processes > 1:
-            means = torch.tensor([window.loss, *window.parts.values()], device=accelerator.device)
-            window.loss, *rest = accelerator.reduce(means, "mean").tolist()
-            window.parts = dict(zip(window.parts, rest))
             if run.manual_grad_sync:
                 for p in run.params:
                     if p.grad is not None:

@@ -62,6 +62,7 @@ class AttentionTargets:
         self.handles = [t.register_forward_hook(self._capture(i), with_kwargs=True) for i, _, t in self.pairs]
 
     def _capture(self, index: int):
+        @torch._dynamo.disable  # not traced in a compiled layer: each layer's index would be a guard, and a graph
         def hook(module, args, kwargs, output):
             self.captured[index] = ({**kwargs, "hidden_states": args[0] if args else kwargs["hidden_states"]},
                                     output[0])

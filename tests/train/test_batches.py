@@ -2,6 +2,7 @@
 exactly the micro-batches that followed, across epochs and for every process of a data-parallel run."""
 
 from functools import partial
+from itertools import islice
 
 import pytest
 import torch
@@ -59,3 +60,40 @@ def test_a_stream_without_positions_still_skips(tok):
     stream = micro_batches(lambda epoch: plain, "cpu", skip=2, epochs=2)
     assert [b["input_ids"].item() for b in stream] == [2, 3, 4, 0, 1, 2, 3, 4]
     assert micro_batches(lambda epoch: plain, "cpu", skip=5, epochs=2).position(3) is None
+
+
+def test_a_stream_read_ahead_gives_the_same_micro_batches_and_positions(tok):
+    """The background thread that tokenises ahead changes neither the micro-batches nor the positions a resume
+    starts from."""
+    make = partial(loader, tok)
+    plain, early = micro_batches(make, "cpu", epochs=2, prefetch=0), micro_batches(make, "cpu", epochs=2, prefetch=3)
+    assert ids(plain) == ids(early)
+    for consumed in (0, 3, 7):
+        positions = []
+        for prefetch in (0, 2):
+            stream = micro_batches(make, "cpu", epochs=2, prefetch=prefetch)
+            list(islice(stream, consumed))
+            positions.append(stream.position(consumed))
+        assert positions[0] == positions[1] and positions[0] is not None
+
+
+def test_reading_ahead_raises_the_producers_error_and_stops_with_the_consumer():
+    import threading
+
+    from t2r.train.batches import ahead
+
+    def failing():
+        yield 1
+        raise ValueError("the third document is not text")
+
+    got = ahead(failing(), 2)
+    assert next(got) == 1
+    with pytest.raises(ValueError, match="third document"):
+        next(got)
+    before = set(threading.enumerate())
+    endless = ahead(iter(int, 1), 2)  # never ends: the thread must stop once the consumer closes
+    assert next(endless) == 0
+    (thread,) = set(threading.enumerate()) - before
+    endless.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
