@@ -1,4 +1,4 @@
-"""Peak CPU memory of the distillation KL, forward + backward: plain (whole logits, `t2r.train.loop.distill_kl`)
+"""Peak CPU memory of the distillation KL, forward + backward: plain (whole logits, `t2r.train.losses.distill_kl`)
 vs chunked and fused with the output projection (`t2r.train.kl.chunked_kl`), at SmolLM2's shapes.
 
     python benchmarks/kl_memory.py --tokens 4096 --chunk-tokens 1024
@@ -30,7 +30,7 @@ def run_one(mode: str, tokens: int, vocab: int, hidden: int, chunk: int, dtype: 
     import torch.nn.functional as F
 
     from t2r.train.kl import chunked_kl
-    from t2r.train.loop import distill_kl
+    from t2r.train.losses import distill_kl
 
     torch.manual_seed(0)
     cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")

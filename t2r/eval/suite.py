@@ -167,6 +167,21 @@ def check_ppl_rows(settings: EvalSettings, tokenizer, data: DataConfig | None = 
     return rows
 
 
+def check_recall_words(settings: EvalSettings, tokenizer) -> None:
+    """A ValueError in one line, before anything is scored, when MQAR is asked and the tokenizer lacks the
+    single-token words its largest prompt draws its keys and values from (`t2r.data.recall_prompts`)."""
+    if "mqar" not in settings.suites or not settings.mqar_pairs or tokenizer is None:
+        return
+    from t2r.data.recall_prompts import word_tokens
+
+    pairs = max(settings.mqar_pairs)
+    try:
+        word_tokens(tokenizer, max(4 * pairs, 64), settings.seed)
+    except ValueError as err:
+        raise ValueError(f"eval.mqar_pairs: {pairs} pairs asked, but {err}; lower mqar_pairs (a quarter of the "
+                         "words, at most) or leave mqar out of the suites") from None
+
+
 def held_out_texts(settings: EvalSettings, out_dir, data: DataConfig | None = None) -> list[tuple[str, DataConfig]]:
     """(label, data) of every held-out text perplexity and KL are scored on: `data` when given (a recipe's own
     held-out documents), else each of `settings.data`'s texts, else generated long documents written to
@@ -243,6 +258,7 @@ def evaluate(model, tokenizer, settings: EvalSettings, out_dir, *, baseline=None
                        students)
     check_lengths(found, settings)
     rows = check_ppl_rows(settings, tokenizer, data, data_seed)
+    check_recall_words(settings, tokenizer)
     results["contenders"] = [contender_info(c, found) for c in found]
     asked = [s for s in SUITES if s.wanted(settings, specs)]
     for suite in asked:

@@ -41,7 +41,7 @@ def finetune_and_evaluate(recipe, *, resume: bool = False, overwrite: bool = Fal
     from t2r.eval.models import eval_dtype
     from t2r.eval.report import add_card_evaluation
 
-    from .loop import finetune
+    from .finetuning import finetune
 
     settings = run_eval_settings(recipe)
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
@@ -101,15 +101,16 @@ def check_eval_lengths(recipe, settings: EvalSettings) -> None:
 
 
 def check_eval_rows(recipe, settings, fetch: bool) -> None:
-    """The `eval:` section's perplexity rows against its held-out text, tokenised by the source's tokenizer (the
-    trained model's). Without `fetch` (`--dry-run`), only a tokenizer in a local directory is read; one that cannot
-    be read (an offline hub id) is left to the evaluation itself."""
-    from t2r.eval.suite import check_ppl_rows
+    """The `eval:` section's perplexity rows against its held-out text, and its MQAR prompts against the words of
+    the vocabulary, with the source's tokenizer (the trained model's). Without `fetch` (`--dry-run`), only a
+    tokenizer in a local directory is read; one that cannot be read (an offline hub id) is left to the evaluation
+    itself."""
+    from t2r.eval.suite import check_ppl_rows, check_recall_words
     from t2r.sources import load_tokenizer
 
     data = recipe.data.data_config() if settings.data == HELD_OUT else None
     tokenizer = None
-    if data is not None or settings.data:
+    if data is not None or settings.data or "mqar" in settings.suites:
         if not fetch and not (Path(recipe.model.source).expanduser() / "tokenizer_config.json").is_file():
             return
         try:
@@ -118,6 +119,7 @@ def check_eval_rows(recipe, settings, fetch: bool) -> None:
             return
     try:
         check_ppl_rows(settings, tokenizer, data, recipe.train.seed)
+        check_recall_words(settings, tokenizer)
     except ValueError as err:
         raise ValueError(f"{err} (checked before training; the recipe's eval section sets it)") from None
 

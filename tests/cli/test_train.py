@@ -216,3 +216,28 @@ def test_a_cut_off_compressed_data_file_is_one_line_in_a_dry_run(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"t2r finetune: error: {data}: the compressed file is cut off or damaged" in err
+
+
+def test_run_checks_its_recall_prompts_against_the_vocabulary_before_training(tmp_path, capsys):
+    """Before: MQAR on a tokenizer without enough single-token words trained, then failed in the evaluation."""
+    from t2r.data.synthetic import write_jsonl
+
+    source = save_tiny_source(tmp_path / "src")  # one token per character: no single-token word at all
+    data = write_jsonl(tmp_path / "train.jsonl", count=20)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa}}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: 3}}\n"
+                      "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n"
+                      "eval: {suites: [mqar], mqar_pairs: [8], baseline: none}\n")
+    capsys.readouterr()  # saving the tiny source
+    for extra in (["--dry-run"], []):
+        assert main(["run", "--config", str(recipe), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err == ("t2r run: error: eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token "
+                       "words; recall needs 64; lower mqar_pairs (a quarter of the words, at most) or leave mqar out "
+                       "of the suites (checked before training; the recipe's eval section sets it)\n"), err
+        assert not (tmp_path / "run").exists()  # nothing trained
+    assert main(["eval", "--model", str(source), "--baseline", "none", "--suites", "mqar", "--mqar-pairs", "8",
+                 "--device", "cpu", "--out", str(tmp_path / "eval")]) == 2
+    assert "eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token words" in capsys.readouterr().err
