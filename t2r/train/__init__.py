@@ -8,7 +8,8 @@ from t2r.lazy import lazy_exports
 _EXPORTS = {
     "heldout_loss": ".batches", "CheckpointError": ".errors",
     "CollapseError": ".errors", "NonFiniteError": ".errors", "RunDirError": ".errors", "RunError": ".errors",
-    "Interrupt": ".finetuning", "finetune": ".finetuning", "RunResult": ".pipeline", "finetune_and_evaluate": ".pipeline",
+    "Interrupt": ".finetuning", "finetune": ".finetuning",
+    "RunResult": ".pipeline", "finetune_and_evaluate": ".pipeline",
     "Recipe": ".recipe", "RecipeError": ".recipe", "load_recipe": ".recipe", "save_resolved": ".recipe",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
