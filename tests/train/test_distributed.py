@@ -81,3 +81,57 @@ def test_two_processes_measure_the_held_out_loss_of_one(tmp_path, source_dir, co
     torchrun_finetune(tmp_path / "two.yaml", overrides, port=29525)
     one, two = (json.loads((tmp_path / run / "final_metrics.json").read_text()) for run in ("single", "two"))
     assert one["validation_loss"] == pytest.approx(two["validation_loss"], rel=1e-5)
+
+
+def _children(pid: int) -> dict[str, int]:
+    """{RANK: pid} of the worker processes a torchrun process started (read from /proc)."""
+    from pathlib import Path
+
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                env = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                ranks.update({item[5:]: int(entry.name) for item in env if item.startswith("RANK=")})
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+    return ranks
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc")
+def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tmp_path, source_dir, corpus):
+    """SIGKILL to one of two processes mid-run: the launcher ends the other within seconds (no process waits for
+    the dead one in a collective) and names the dead rank; the checkpoints left are whole (a save the kill cut short
+    stays a `.tmp-` directory, never listed, removed by the resume); `--resume` on two
+    processes finishes with the same weights, bit for bit, as two processes training straight through."""
+    import signal
+    import time
+
+    from t2r.train import checkpoint as ckpt
+
+    overrides = {"train.tokens_per_step": 256, "train.max_steps": 24, "data.held_out": 0, "checkpoint.every_steps": 2}
+    recipe(tmp_path, source_dir, corpus, run="straight", **overrides)  # writes straight.yaml
+    torchrun_finetune(tmp_path / "straight.yaml", overrides, port=29531)
+    recipe(tmp_path, source_dir, corpus, run="killed", **overrides)  # writes killed.yaml
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29527",
+           "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "killed.yaml"),
+           *[f"{k}={v}" for k, v in overrides.items()]]
+    launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = tmp_path / "killed" / "metrics.jsonl", time.monotonic() + 240
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 4):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+        time.sleep(0.05)
+    os.kill(_children(launcher.pid)["1"], signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode != 0 and time.monotonic() - killed < 60
+    assert "rank      : 1 (local_rank: 1)" in err and "Signal 9 (SIGKILL)" in err, err[-3000:]
+    assert not (tmp_path / "killed" / "final").exists()
+    left = ckpt.checkpoints(tmp_path / "killed")
+    assert left and all(ckpt.verify(c) is None for c in left)
+    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume", port=29529)
+    assert not list((tmp_path / "killed").glob(".tmp-*"))  # a save the kill cut short is not kept
+    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
