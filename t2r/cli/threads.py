@@ -4,7 +4,10 @@ torch starts one OpenMP thread per physical core. Where other processes keep cor
 each other at the end of every op (a descheduled thread holds up the rest): on 2 cores at load 3.5-5 a quick
 look took 13 min against 1 min 35 s idle, and forwards of SmolLM2 over a few dozen tokens ran about x10 slower
 with 2 threads than with 1. So, unless OMP_NUM_THREADS is set, a command takes the physical cores of its CPU set
-less the load average (rounded; at least 1). It is set in the environment before torch loads (the command
+less the CPUs other work keeps busy (rounded; at least 1): the smaller of the 1-minute load average and the busy
+time of its CPUs over the last 0.15 s (`/proc/stat`). The load average alone lags by a minute: after
+`pip install` in the same command line it still read ~1 on 2 idle cores, and the README's main job ran on one
+thread. It is set in the environment before torch loads (the command
 line's start-up imports no torch); a process that has imported torch already (a test calling `main`) keeps its
 own setting. Imports nothing heavy.
 """
@@ -43,6 +46,37 @@ def free_threads(load: float, cpu_ids: list[int], cores: int) -> int:
     return max(1, min(cores, int(len(cpu_ids) - load + 0.5)))
 
 
+def _cpu_times(cpu_ids: list[int]) -> dict[str, tuple[int, int]]:
+    """{cpuN: (idle + iowait jiffies, all jiffies)} of `cpu_ids` from /proc/stat (empty where there is none)."""
+    wanted, times = {f"cpu{i}" for i in cpu_ids}, {}
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        name, *values = line.split()
+        if name in wanted and len(values) >= 5:
+            jiffies = [int(v) for v in values[:8]]
+            times[name] = (jiffies[3] + jiffies[4], sum(jiffies))
+    return times
+
+
+def busy_now(cpu_ids: list[int], seconds: float = 0.15) -> float | None:
+    """How many of `cpu_ids` other work keeps busy now: their busy share over `seconds`, summed; None where
+    /proc/stat cannot tell."""
+    import time
+
+    before = _cpu_times(cpu_ids)
+    if not before:
+        return None
+    time.sleep(seconds)
+    after, busy = _cpu_times(cpu_ids), 0.0
+    for name, (idle, total) in before.items():
+        if name in after and after[name][1] > total:
+            busy += 1 - (after[name][0] - idle) / (after[name][1] - total)
+    return busy
+
+
 def choose(environ=os.environ) -> int | None:
     """Set OMP_NUM_THREADS for torch, lower than one per physical core when the machine is busy; the count set, or
     None (the user's OMP_NUM_THREADS, torch already imported, no load average, or an idle machine: torch's own
@@ -52,12 +86,18 @@ def choose(environ=os.environ) -> int | None:
         return None
     cpu_ids = cpus()
     cores, load = physical_cores(cpu_ids), os.getloadavg()[0]
-    threads = free_threads(load, cpu_ids, cores)
+    if free_threads(load, cpu_ids, cores) >= cores:
+        return None
+    now = busy_now(cpu_ids)  # sampled only where the load average says busy: an idle machine waits for nothing
+    busy = load if now is None else min(load, now)
+    threads = free_threads(busy, cpu_ids, cores)
     if threads >= cores:
         return None
     environ["OMP_NUM_THREADS"] = str(threads)
     _lowered = (f"{threads} CPU thread{'s' if threads > 1 else ''} for torch, not {cores}: the machine is busy (load "
-                f"average {load:.1f} on {len(cpu_ids)} CPUs); OMP_NUM_THREADS=N sets the count")
+                f"average {load:.1f} on {len(cpu_ids)} CPUs"
+                + (f", {now:.1f} of them busy now" if now is not None else "")
+                + "); OMP_NUM_THREADS=N sets the count")
     return threads
 
 

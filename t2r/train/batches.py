@@ -176,7 +176,9 @@ def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1
     first `max_batches` micro-batches, shared among the `world` processes, which agree on the mean (the final
     metrics and the collapse guard decide alike everywhere). Every process runs as many forwards, one of them
     a repeat where the micro-batches do not divide evenly: a sharded model gathers its weights in each forward,
-    and a process with one forward fewer left the others waiting (FSDP2 on two H100s, 2026-11-27)."""
+    and a process with one forward fewer left the others waiting (FSDP2 on two H100s, 2026-11-27). Eager even
+    where the layers are compiled (`train.compile`): graphs for a few evaluation-mode forwards, before training
+    and after, would take longer to compile than these forwards take to run."""
     from t2r.models.packed_attention import packed_attention
 
     stream = micro_batches(partial(packed_loader, recipe, tokenizer, "validation"), device, epochs=1, prefetch=0)
@@ -187,7 +189,8 @@ def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1
     total = torch.zeros((), dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
-    with torch.no_grad(), packed_attention(model):  # packed rows by varlen FlashAttention on CUDA, as in training
+    # packed rows by varlen FlashAttention on CUDA, as in training
+    with torch.no_grad(), packed_attention(model), torch.compiler.set_stance("force_eager"):
         for k in range(rounds):
             if k < len(mine):
                 total += model(**mine[k]).loss.double()

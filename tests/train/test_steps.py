@@ -26,3 +26,23 @@ def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_
     assert len(losses[True]) == 2
     for a, b in zip(losses[True], losses[False]):
         assert abs(a - b) < 1e-4 * abs(b)
+
+
+def test_the_held_out_loss_of_a_compiled_model_runs_eager(tmp_path, source_dir, corpus):
+    """A handful of evaluation-mode forwards (before training, after it) compile no graph of their own (they cost
+    more to compile than to run), and measure what the compiled layers would."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from t2r.train.batches import heldout_loss
+    from t2r.train.model_setup import build_model
+    from tests.helpers.recipes import recipe
+
+    r = recipe(tmp_path, source_dir, corpus, **{"train.compile": True})
+    model, tokenizer, _ = build_model(r)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = heldout_loss(model, r, tokenizer, "cpu")
+    assert not counters["stats"]["unique_graphs"] and compiled == compiled  # nothing compiled, a number
+    with torch.compiler.set_stance("force_eager"):
+        assert heldout_loss(model, r, tokenizer, "cpu") == compiled
