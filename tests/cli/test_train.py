@@ -168,28 +168,39 @@ def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path,
     assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0
 
 
-def test_run_checks_its_perplexity_rows_against_the_held_out_text_before_training(tmp_path, capsys):
-    """Before: ppl_rows larger than the held-out text trained, then scored fewer rows without a word (or, with
-    generated documents and ppl_rows: 1e30, wrote documents until killed)."""
+def _tiny_run(tmp_path, eval_section: str, tokenizer: str = "chars"):
+    """A 2-step GSA run recipe on a tiny saved source with `eval_section` (YAML flow mapping); its path."""
     from t2r.data.synthetic import write_jsonl
 
-    source = save_tiny_source(tmp_path / "src", tokenizer="words")
+    source = save_tiny_source(tmp_path / "src", tokenizer=tokenizer)
     data = write_jsonl(tmp_path / "train.jsonl", count=20)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa}}\n"
                       f"data: {{path: '{data}', seq_len: 64, held_out: 3}}\n"
                       "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
-                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n"
-                      "eval: {suites: [ppl], data: held-out, ppl_length: 16, ppl_rows: 1000000, baseline: none}\n")
+                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\neval: {eval_section}\n")
+    return recipe, source, data
+
+
+def _refused_before_training(tmp_path, capsys, recipe, error: str) -> None:
+    """`t2r run` of `recipe`, with --dry-run and without, ends with exit 2 and exactly `error`, training nothing."""
     capsys.readouterr()  # saving the tiny source
     for extra in (["--dry-run"], []):
         assert main(["run", "--config", str(recipe), *extra]) == 2
         err = capsys.readouterr().err
-        assert err == ("t2r run: error: eval.ppl_rows: 1,000,000 rows of 16 tokens asked, but train gives 3 (3 "
-                       "documents read, of at least 16 tokens each); lower ppl_rows or ppl_length, or read more "
-                       "documents (data.held_out) or join them (pack) (checked before training; the recipe's eval "
-                       "section sets it)\n")
+        assert err == error, err
         assert not (tmp_path / "run").exists()  # nothing trained
+
+
+def test_run_checks_its_perplexity_rows_against_the_held_out_text_before_training(tmp_path, capsys):
+    """Before: ppl_rows larger than the held-out text trained, then scored fewer rows without a word (or, with
+    generated documents and ppl_rows: 1e30, wrote documents until killed)."""
+    recipe, source, data = _tiny_run(tmp_path, "{suites: [ppl], data: held-out, ppl_length: 16, ppl_rows: 1000000, "
+                                               "baseline: none}", tokenizer="words")
+    _refused_before_training(tmp_path, capsys, recipe, (
+        "t2r run: error: eval.ppl_rows: 1,000,000 rows of 16 tokens asked, but train gives 3 (3 documents read, of "
+        "at least 16 tokens each); lower ppl_rows or ppl_length, or read more documents (data.held_out) or join "
+        "them (pack) (checked before training; the recipe's eval section sets it)\n"))
     assert main(["run", "--config", str(recipe), "--dry-run", "eval.data=null"]) == 2  # generated documents
     assert "but the generated held-out text is at most data_documents=256 documents" in capsys.readouterr().err
     assert main(["run", "--config", str(recipe), "--dry-run", "eval.ppl_rows=3"]) == 0
@@ -220,24 +231,12 @@ def test_a_cut_off_compressed_data_file_is_one_line_in_a_dry_run(tmp_path, capsy
 
 def test_run_checks_its_recall_prompts_against_the_vocabulary_before_training(tmp_path, capsys):
     """Before: MQAR on a tokenizer without enough single-token words trained, then failed in the evaluation."""
-    from t2r.data.synthetic import write_jsonl
-
-    source = save_tiny_source(tmp_path / "src")  # one token per character: no single-token word at all
-    data = write_jsonl(tmp_path / "train.jsonl", count=20)
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa}}\n"
-                      f"data: {{path: '{data}', seq_len: 64, held_out: 3}}\n"
-                      "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
-                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\n"
-                      "eval: {suites: [mqar], mqar_pairs: [8], baseline: none}\n")
-    capsys.readouterr()  # saving the tiny source
-    for extra in (["--dry-run"], []):
-        assert main(["run", "--config", str(recipe), *extra]) == 2
-        err = capsys.readouterr().err
-        assert err == ("t2r run: error: eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token "
-                       "words; recall needs 64; lower mqar_pairs (a quarter of the words, at most) or leave mqar out "
-                       "of the suites (checked before training; the recipe's eval section sets it)\n"), err
-        assert not (tmp_path / "run").exists()  # nothing trained
+    # one token per character: no single-token word at all
+    recipe, source, _ = _tiny_run(tmp_path, "{suites: [mqar], mqar_pairs: [8], baseline: none}")
+    _refused_before_training(tmp_path, capsys, recipe, (
+        "t2r run: error: eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token words; recall "
+        "needs 64; lower mqar_pairs (a quarter of the words, at most) or leave mqar out of the suites (checked "
+        "before training; the recipe's eval section sets it)\n"))
     assert main(["eval", "--model", str(source), "--baseline", "none", "--suites", "mqar", "--mqar-pairs", "8",
                  "--device", "cpu", "--out", str(tmp_path / "eval")]) == 2
     assert "eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token words" in capsys.readouterr().err
