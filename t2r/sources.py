@@ -212,7 +212,7 @@ def load_adapter(path: str, dtype=None, device: str | None = None):
 
     from t2r.models.loading import verify_before_loading
 
-    verify_before_loading(Path(path))  # one t2r wrote (`t2r.save_adapter`): as written, and with its manifest
+    checked = verify_before_loading(Path(path))  # one t2r wrote (`t2r.save_adapter`): as written, with its manifest
     model, tokenizer = load_source(model_check.adapter_base(path), dtype=dtype, device=device)
     if any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         from transformers import AutoTokenizer
@@ -221,6 +221,12 @@ def load_adapter(path: str, dtype=None, device: str | None = None):
     model = model_check.adapter_loaded_whole(lambda: PeftModel.from_pretrained(model, path), path)
     merged = model.merge_and_unload().eval()
     model_check.require_finite(merged, path, "restore the adapter from a copy")
+    if not checked:  # said once it loaded: a refusal above stays one line
+        import warnings
+
+        warnings.warn(f"{path}: an adapter without t2r's manifest (saved by peft itself): its files are not checked "
+                      "against checksums, only its weights for nan and inf; t2r.save_adapter writes one",
+                      UserWarning, stacklevel=2)
     return merged, tokenizer
 
 

@@ -125,3 +125,30 @@ def test_an_adapter_with_nan_is_refused(saved, tmp_path):
     save_file(state, broken / "adapter_model.safetensors")
     with pytest.raises(DamagedModelError, match="copy: .* holds nan or inf after loading: .*restore the adapter"):
         load_source(str(broken))
+
+
+def test_an_adapter_peft_saved_loads_with_a_warning_that_nothing_checked_its_files(saved, tmp_path):
+    """An adapter without t2r's manifest (peft's own save_pretrained) is not refused, but not silent either: it
+    says its files went unchecked; one t2r wrote loads without a word."""
+    import warnings
+
+    _, adapter = saved
+    with pytest.warns(UserWarning, match="an adapter without t2r's manifest .*t2r.save_adapter writes one"):
+        load_source(str(copy_of(adapter, tmp_path)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*without t2r's manifest")
+        load_source(str(adapter))
+
+
+def test_the_command_line_says_the_unchecked_adapter_in_one_note(saved, tmp_path):
+    """Through `t2r generate`, the library's warning is one `note:` line, not a Python warning with its source line."""
+    import os
+    import subprocess
+    import sys
+
+    _, adapter = saved
+    done = subprocess.run([sys.executable, "-m", "t2r.cli", *generate(copy_of(adapter, tmp_path))],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if "without t2r's manifest" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "UserWarning" not in done.stderr, done.stderr

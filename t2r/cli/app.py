@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import warnings
+from pathlib import Path
 
 from t2r.cli import threads
 from t2r.cli.cache import run_cache
@@ -12,10 +14,28 @@ from t2r.cli.generate import run_generate
 from t2r.cli.parser import build_parser
 from t2r.cli.train import run_export, run_finetune, run_run
 
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+
+
+def _as_note(show):
+    """`warnings.showwarning` that prints t2r's own warnings as one `note:` line (the library warns a Python user;
+    the command line says it as its other notes), and leaves the others to `show`."""
+    if getattr(show, "as_note", False):  # main() called again in one process
+        return show
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if str(Path(filename).resolve()).startswith(_PACKAGE):
+            print(f"note: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+    showwarning.as_note = True
+    return showwarning
+
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads.choose()  # before torch loads: no more CPU threads than the machine has free
+    warnings.showwarning = _as_note(warnings.showwarning)
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
                 "eval": run_eval, "bench": run_bench, "cache": run_cache, "rank-layers": run_rank_layers,
                 "export": run_export}
