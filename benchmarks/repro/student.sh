@@ -6,7 +6,7 @@
 #        t2r finetune --config recipes/frontier/NAME.yaml for at most SECONDS (SIGINT at the end: the newest
 #        checkpoint stays), resuming when runs/NAME holds one; every call's start-up is traced
 #        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt, -stacks-resume.txt
-#        when resumed: resumed students spent 36-38 s in `first batches`, unexplained, 2026-11-27)
+#        when resumed: resumed students spent 36-38 s in `first batches` until the long-document fix, 2026-11-27; 0.4-0.5 s since)
 #   bash benchmarks/repro/student.sh eval NAME [flag ...]
 #        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity and KL to
 #        the source on 64 rows of held-out documents, of each staged text; MQAR, passkey to 2K, the local tasks)
