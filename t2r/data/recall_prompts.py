@@ -9,6 +9,7 @@ retrieval (scored by `t2r.eval.recall`; read by the recall-aware layer ranking, 
 from __future__ import annotations
 
 import random
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -26,17 +27,29 @@ class RecallExample:
     answers: list[list[int]]
 
 
-def word_tokens(tokenizer, count: int, seed: int) -> list[int]:
-    """`count` distinct tokens that are a space plus a lowercase word of 3-8 letters, and tokenize back to
-    themselves alone (so a pair reads as plain text)."""
-    vocab = tokenizer.get_vocab()
+_WORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its single-token words
+
+
+def single_token_words(tokenizer) -> list[int]:
+    """The tokens that are a space plus a lowercase word of 3-8 letters and tokenize back to themselves alone (so
+    a pair reads as plain text), in id order; read from the vocabulary once per tokenizer (a scan of SmolLM2's
+    49K tokens takes ~1 s, and a run checks them before training, then draws prompts of several sizes)."""
+    if tokenizer in _WORDS:
+        return _WORDS[tokenizer]
     candidates = []
-    for token_id in sorted(vocab.values()):
+    for token_id in sorted(tokenizer.get_vocab().values()):
         text = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
         word = text[1:]
         if text.startswith(" ") and 3 <= len(word) <= 8 and word.isascii() and word.isalpha() and word.islower():
             if tokenizer(text, add_special_tokens=False)["input_ids"] == [token_id]:
                 candidates.append(token_id)
+    _WORDS[tokenizer] = candidates
+    return candidates
+
+
+def word_tokens(tokenizer, count: int, seed: int) -> list[int]:
+    """`count` distinct single-token words (`single_token_words`), drawn with `seed`."""
+    candidates = single_token_words(tokenizer)
     if len(candidates) < count:
         raise ValueError(f"the tokenizer has only {len(candidates)} single-token words; recall needs {count}")
     return random.Random(seed).sample(candidates, count)

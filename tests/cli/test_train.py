@@ -146,37 +146,17 @@ def test_run_dry_run_says_what_it_would_train_and_evaluate(tmp_path, capsys, mon
     assert "2 rows of 512 tokens; a quick look: ppl_rows 4 -> 2; ppl_length 1024 -> 512;" in capsys.readouterr().out
 
 
-def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path, capsys):
-    """Before: --dry-run passed, training completed, then `ppl asks for 2048 tokens but source supports 256`."""
-    from t2r.data.synthetic import write_jsonl
-
-    source = save_tiny_source(tmp_path / "src")  # max_position_embeddings 256
-    data = write_jsonl(tmp_path / "train.jsonl", count=20)
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa, layers: '0-1'}}\n"
-                      f"data: {{path: '{data}', seq_len: 64, held_out: 2}}\n"
-                      "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
-                      f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\neval: {{suites: [ppl], ppl_length: 2048}}\n")
-    for extra in (["--dry-run"], []):
-        assert main(["run", "--config", str(recipe), *extra]) == 2
-        err = capsys.readouterr().err
-        assert f"eval: ppl asks for 2048 tokens but {tmp_path / 'run'}/final supports 256" in err, err
-        assert not (tmp_path / "run").exists()  # nothing trained
-    recipe.write_text(recipe.read_text().replace("layers: '0-1'", "layers: null"))  # all GSA: no limit, but the
-    assert main(["run", "--config", str(recipe), "--dry-run"]) == 2  # source it is compared with has one
-    assert f"eval: ppl asks for 2048 tokens but {source} supports 256" in capsys.readouterr().err
-    assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0
-
-
-def _tiny_run(tmp_path, eval_section: str, tokenizer: str = "chars"):
-    """A 2-step GSA run recipe on a tiny saved source with `eval_section` (YAML flow mapping); its path."""
+def _tiny_run(tmp_path, eval_section: str, tokenizer: str = "chars", convert: str = "{target: gsa}",
+              held_out: int = 3):
+    """A 2-step run recipe on a tiny saved source (max_position_embeddings 256) with `eval_section` and `convert`
+    (YAML flow mappings); (its path, the source, the data file)."""
     from t2r.data.synthetic import write_jsonl
 
     source = save_tiny_source(tmp_path / "src", tokenizer=tokenizer)
     data = write_jsonl(tmp_path / "train.jsonl", count=20)
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {{target: gsa}}\n"
-                      f"data: {{path: '{data}', seq_len: 64, held_out: 3}}\n"
+    recipe.write_text(f"model: {{source: '{source}', dtype: float32}}\nconvert: {convert}\n"
+                      f"data: {{path: '{data}', seq_len: 64, held_out: {held_out}}}\n"
                       "train: {tokens_per_step: 128, max_steps: 2, mixed_precision: 'no'}\n"
                       f"checkpoint: {{dir: '{tmp_path / 'run'}'}}\neval: {eval_section}\n")
     return recipe, source, data
@@ -190,6 +170,21 @@ def _refused_before_training(tmp_path, capsys, recipe, error: str) -> None:
         err = capsys.readouterr().err
         assert err == error, err
         assert not (tmp_path / "run").exists()  # nothing trained
+
+
+def test_run_checks_its_eval_lengths_against_the_model_before_training(tmp_path, capsys):
+    """Before: --dry-run passed, training completed, then `ppl asks for 2048 tokens but source supports 256`."""
+    recipe, source, _ = _tiny_run(tmp_path, "{suites: [ppl], ppl_length: 2048}",
+                                  convert="{target: gsa, layers: '0-1'}", held_out=2)
+    for extra in (["--dry-run"], []):
+        assert main(["run", "--config", str(recipe), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"eval: ppl asks for 2048 tokens but {tmp_path / 'run'}/final supports 256" in err, err
+        assert not (tmp_path / "run").exists()  # nothing trained
+    recipe.write_text(recipe.read_text().replace("layers: '0-1'", "layers: null"))  # all GSA: no limit, but the
+    assert main(["run", "--config", str(recipe), "--dry-run"]) == 2  # source it is compared with has one
+    assert f"eval: ppl asks for 2048 tokens but {source} supports 256" in capsys.readouterr().err
+    assert main(["run", "--config", str(recipe), "--dry-run", "eval.baseline=none"]) == 0
 
 
 def test_run_checks_its_perplexity_rows_against_the_held_out_text_before_training(tmp_path, capsys):
