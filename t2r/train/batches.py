@@ -47,12 +47,12 @@ def _stop_reading_ahead() -> None:
             thread.join(timeout=5)
 
 
-def ahead(items: Iterable, depth: int, prepare: Callable = lambda item: item) -> Iterator:
-    """`prepare(item)` for the items of `items`, in order, read up to `depth` ahead by a background thread: the
+def ahead(items: Iterable, depth: int) -> Iterator:
+    """The items of `items`, in order, read up to `depth` ahead by a background thread: the
     fast tokenizer (which releases the GIL) and the packing run while the GPU trains on the micro-batch before.
     An error in the thread is raised here; the thread stops once the consumer stops. depth 0: no thread."""
     if depth <= 0:
-        yield from map(prepare, items)
+        yield from items
         return
     done, queued, stop = object(), queue.Queue(maxsize=depth), threading.Event()
 
@@ -68,7 +68,7 @@ def ahead(items: Iterable, depth: int, prepare: Callable = lambda item: item) ->
     def fill():
         try:
             for item in items:
-                if not put((prepare(item), None)):
+                if not put((item, None)):
                     return
             put((done, None))
         except BaseException as error:  # raised again in the consumer, with its traceback
@@ -86,11 +86,6 @@ def ahead(items: Iterable, depth: int, prepare: Callable = lambda item: item) ->
             yield item
     finally:
         stop.set()
-
-
-def _pinned(batch: dict) -> dict:
-    """The batch's tensors in page-locked memory: their copies to the GPU then run beside the host."""
-    return {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class MicroBatches:
@@ -111,7 +106,7 @@ class MicroBatches:
             raise ValueError(f"a stream position at micro-batch {start['index']} is past skip={skip}")
         self.make_loader, self.device, self.rank, self.world, self.skip = make_loader, device, rank, world, skip
         self.epochs, self.key = epochs, dict(key or {})
-        self.prefetch, self.pinned = prefetch, torch.device(device).type == "cuda"
+        self.prefetch, self.pinned = prefetch, torch.device(device).type == "cuda"  # copies beside the host
         self.at = ({"epoch": start["epoch"], "index": start["index"], "doc": start["doc"], "offset": start["offset"]}
                    if start is not None else {"epoch": 0, "index": 0, "doc": 0, "offset": 0})
         self._stream = self._all()
@@ -123,7 +118,7 @@ class MicroBatches:
             begin = (self.at["doc"], self.at["offset"])
             loader = self.make_loader(epoch, start=begin) if begin != (0, 0) else self.make_loader(epoch)
             first = self.at["index"]
-            for batch in ahead(loader, self.prefetch, _pinned if self.pinned else (lambda batch: batch)):
+            for batch in ahead(loader, self.prefetch):
                 following = batch.pop("stream_next", None)
                 index = self.at["index"]
                 self.at = {"epoch": epoch, "index": index + 1, "doc": None, "offset": None}
@@ -142,8 +137,9 @@ class MicroBatches:
     def __iter__(self):
         for index, batch in self._stream:
             if index >= self.skip and index % self.world == self.rank:
-                yield {k: v.to(self.device, non_blocking=self.pinned) if torch.is_tensor(v) else v
-                       for k, v in batch.items()}
+                # only this process's micro-batches are pinned: the others' and those skipped are dropped
+                yield {k: (v.pin_memory() if self.pinned else v).to(self.device, non_blocking=self.pinned)
+                       if torch.is_tensor(v) else v for k, v in batch.items()}
 
     def close(self) -> None:
         """Stop reading ahead (the stream ends here)."""
