@@ -56,7 +56,8 @@ class Progress:
         left = elapsed / (step - self.start) * (self.total - step) if step > self.start else 0.0
         print(f"{self.prefix}step {step}/{self.total}  loss {loss}  lr {metrics['lr']:.2e}  "
               f"grad_norm {_number(metrics.get('grad_norm'))}  {metrics['tokens_per_s']:,.0f} tok/s  "
-              f"{metrics['tokens']:,} tokens  elapsed {_duration(elapsed)}  left {_duration(left)}", flush=True)
+              f"{metrics['tokens']:,} tokens{_peak(metrics)}  elapsed {_duration(elapsed)}  left {_duration(left)}",
+              flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -72,6 +73,11 @@ def _is_terminal(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or closed
         return False
+
+
+def _peak(metrics: dict) -> str:
+    peak = metrics.get("gpu_peak_gib")
+    return f"  peak {peak:.1f} GiB" if peak is not None else ""
 
 
 def _number(value) -> str:

@@ -4,7 +4,9 @@ Counts come from the model config alone: the converted model is built on the met
 downloaded but the config), so parameter counts, new gates and LoRA adapters are exact. Bytes per parameter:
 weights in fp32 under mixed precision (master weights) or in the recipe's dtype; gradients and AdamW's two
 moments in fp32 for trainable parameters; the teacher (distillation or attention transfer) in the recipe's
-dtype. DDP holds all of it on every GPU; FSDP (full sharding) divides it by the number of GPUs.
+dtype. DDP holds all of it on every GPU; FSDP (full sharding) divides the student's part by the number of GPUs,
+while every process holds a whole replica of the teacher (`t2r.train.model_setup.place_teacher`: it runs outside
+the prepared model and is not sharded).
 
 Activations are an estimate per micro-batch of b x T tokens: a layer's saved tensors take about 2 b T (16 d + 3 f)
 bytes (bf16; attention, MLP and norms of a Llama layer), every layer's without gradient checkpointing, and with
@@ -103,7 +105,8 @@ def memory_rows(recipe, counts: Counts, world_sizes=(1, 2, 4, 8)) -> list[dict]:
     for strategy in ("DDP", "FSDP"):
         for world in world_sizes:
             shard = world if strategy == "FSDP" else 1
-            row = {"strategy": strategy, "gpus": world, **{k: v / shard / GiB for k, v in parts.items()},
+            row = {"strategy": strategy, "gpus": world,
+                   **{k: v / (1 if k == "teacher" else shard) / GiB for k, v in parts.items()},
                    "activations": activations / GiB}
             row["total"] = sum(v for k, v in row.items() if k not in ("strategy", "gpus"))
             rows.append(row)

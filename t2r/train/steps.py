@@ -192,6 +192,9 @@ class StepLoop:
                            **{f"loss_{name}": logs.finite_or_none(value) for name, value in window.parts.items()})
         if not update.applied:
             metrics["skipped"] = True
+        device = self.accelerator.device
+        if device.type == "cuda":  # this process's card: the peak since the run began (weights included)
+            metrics["gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         return metrics
 
     def log(self, metrics: dict) -> None:

@@ -162,6 +162,8 @@ def test_progress_is_a_bar_on_a_terminal_and_one_line_per_logging_step_elsewhere
     progress = logs.Progress(5, 2, True, every=1, stream=io.StringIO())
     progress.step(rows[2])
     assert capsys.readouterr().out.startswith("step 3/5  loss skipped  lr 1.00e-03  grad_norm nan")
+    progress.step({**rows[3], "gpu_peak_gib": 29.43})  # on a GPU: the card's peak memory so far
+    assert "512 tokens  peak 29.4 GiB  elapsed" in capsys.readouterr().out
 
 
 def test_quiet_libraries_restores_the_progress_bars():

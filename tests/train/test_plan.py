@@ -31,6 +31,8 @@ def test_memory_splits_and_time(tmp_path, source_dir, corpus):
     assert rows[("DDP", 8)]["weights"] == rows[("DDP", 1)]["weights"] > 0
     assert rows[("FSDP", 2)]["optimizer"] == pytest.approx(rows[("FSDP", 1)]["optimizer"] / 2)
     assert rows[("FSDP", 1)]["teacher"] > 0 and rows[("FSDP", 4)]["activations"] == rows[("DDP", 1)]["activations"]
+    # every process holds a whole teacher: FSDP shards only the prepared student
+    assert rows[("FSDP", 8)]["teacher"] == rows[("FSDP", 1)]["teacher"] == rows[("DDP", 8)]["teacher"]
     text = format_plan(tiny, counts, tokens_per_second=100.0)
     assert "| FSDP | 8 |" in text and "8 GPUs:" in text
     assert "pass --tokens-per-second" in format_plan(tiny, counts)

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Issue 39 on one two-GPU host: the frontier student on one card and on two (DDP, FSDP2), a SIGTERM + --resume
+# compared with an uninterrupted run, a SIGKILL of one rank, and Mistral-7B's shape (random weights) under FSDP2.
+# Source benchmarks/repro/device_env.sh first (model, data and wheels staged; accelerate in /tmp/site).
+#
+#   bash benchmarks/repro/two_cards.sh one                 # the frontier recipe to step 100 on card 0 alone
+#   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
+#   bash benchmarks/repro/two_cards.sh ddp-cut             # DDP again, SIGTERM to the launcher after step 60,
+#                                                          # then --resume to step 100 (runs/ddp-cut)
+#   bash benchmarks/repro/two_cards.sh kill-rank           # SIGKILL to rank 1 after step 55, then --resume
+#   bash benchmarks/repro/two_cards.sh eval NAME...        # perplexity and KL at 2K of runs/NAME/final
+#   bash benchmarks/repro/two_cards.sh m7 gsa|gdn          # the 7B shape, 10 steps under FSDP2, saved, reloaded
+#                                                          # on one card, generating
+#   python benchmarks/repro/compare_runs.py runs/ddp runs/ddp-cut    # losses and final weights side by side
+#
+# Logs, nvidia-smi samples (2 s) and metrics go to $OUT. The step count is fixed (16 align + 84 distill steps of
+# 65,536 tokens: 6.55M tokens), so the students of one card and two see the same tokens in the same order.
+set -u
+out=${OUT:-/tmp}
+accelerate_launch() { python3 -m accelerate.commands.launch "$@"; }
+recipe=recipes/frontier/smollm2-gdn-hybrid.yaml
+fixed=('data.path=.stage/data/train-00*.jsonl.gz' stages.distill.tokens=5505024 checkpoint.every_steps=50
+       checkpoint.keep_last=2 logging.every_steps=5)
+
+watch_gpus() {  # nvidia-smi every 2 s into $out/$1-gpus.csv until the caller kills it
+    nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -l 2 \
+        > "$out/$1-gpus.csv" 2>/dev/null &
+    gpus_pid=$!
+}
+
+finish() {  # finish NAME RC: the run's summary lines and its metrics
+    local name=$1 rc=$2
+    kill "$gpus_pid" 2>/dev/null
+    echo "== $name rc $rc"
+    grep -E "start-up|resumed|stopped|step (10|50|84|100)/|rank|Error|error" "$out/$name.log" | tail -12
+    [ -f "runs/$name/metrics.jsonl" ] && cp "runs/$name/metrics.jsonl" "$out/$name-metrics.jsonl"
+    sort -t, -k2,2 -k3,3n "$out/$name-gpus.csv" 2>/dev/null | awk -F, '{m[$2]=$3} END {for (g in m) print "== card" g " peak" m[g]}'
+}
+
+two() {  # two NAME CONFIG PORT [args...]: the frontier recipe on both cards
+    local name=$1 config=$2 port=$3; shift 3
+    watch_gpus "$name"
+    accelerate_launch --config_file "$config" --main_process_port "$port" -m t2r.cli finetune \
+        --config "$recipe" name="$name" "${fixed[@]}" "$@" >> "$out/$name.log" 2>&1
+    finish "$name" $?
+}
+
+stop_after() {  # stop_after NAME STEP SIGNAL PATTERN: once runs/NAME logged STEP, SIGNAL to the processes matching PATTERN
+    local name=$1 step=$2 signal=$3 pattern=$4
+    until grep -q "\"step\": $step," "runs/$name/metrics.jsonl" 2>/dev/null; do sleep 0.2; done
+    pkill "-$signal" -f -o "$pattern" && echo "== $signal sent after step $step to the oldest process matching $pattern"
+}
+
+case $1 in
+one)
+    watch_gpus one
+    CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name=one "${fixed[@]}" >> "$out/one.log" 2>&1
+    finish one $?
+    ;;
+ddp) two ddp recipes/accelerate/ddp-2gpu.yaml 29511 ;;
+fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
+ddp-cut)
+    stop_after ddp-cut 60 TERM "accelerate.commands.launch" &
+    two ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513
+    ls -d runs/ddp-cut/step-* 2>/dev/null
+    two ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 --resume
+    ;;
+kill-rank)
+    # rank 1's process is the youngest t2r.cli finetune of the pair: SIGKILL it mid-distill
+    ( until grep -q '"step": 55,' runs/kill-rank/metrics.jsonl 2>/dev/null; do sleep 0.2; done
+      pkill -KILL -n -f "t2r.cli finetune --config $recipe name=kill-rank" && echo "== SIGKILL sent to the newest rank" ) &
+    start=$(date +%s)
+    two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514
+    echo "== the launcher ended $(( $(date +%s) - start )) s after its start"
+    grep -iE "rank|signal|exit" "$out/kill-rank.log" | tail -6
+    ls -d runs/kill-rank/step-* runs/kill-rank/.tmp-* 2>/dev/null
+    two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514 --resume
+    ;;
+eval)
+    shift
+    for name in "$@"; do
+        python3 -m t2r.cli eval --model "runs/$name/final" --out "runs/$name/eval-2k" \
+            --data .stage/data/validation-00.jsonl.gz --data-documents 1024 --batch-size 8 --ppl-length 2048 \
+            --ppl-rows 64 --suites ppl,kl --windows 64 --sinks 4 > "$out/$name-eval.log" 2>&1
+        echo "== $name eval rc $?"; head -8 "runs/$name/eval-2k/report.md"
+        cp "runs/$name/eval-2k/results.json" "$out/$name-eval.json" 2>/dev/null
+    done
+    ;;
+m7)
+    target=$2 name=m7-$2 options='{num_slots: 64}'
+    [ "$target" = gsa ] || options='{}'
+    [ -f /tmp/m7/config.json ] || python3 benchmarks/random_model.py --like mistralai/Mistral-7B-v0.1 --out /tmp/m7 \
+        > "$out/m7-random-model.log" 2>&1
+    watch_gpus "$name"
+    /usr/bin/time -v -o "$out/$name-time.txt" python3 -m accelerate.commands.launch \
+        --config_file recipes/accelerate/fsdp2-2gpu.yaml --main_process_port 29515 -m t2r.cli finetune \
+        --config recipes/mistral-7b-gsa-20b.yaml model.source=/tmp/m7 name="$name" convert.target="$target" \
+        "convert.options=$options" 'data.path=.stage/data/train-00a.jsonl.gz' data.streaming=false data.held_out=4 \
+        'stages=[{name: distill, loss: {kl: 0.9, next_token: 0.1}}]' train.trainable=attention \
+        train.micro_batch_size=2 train.tokens_per_step=16384 train.max_tokens=163840 train.warmup_steps=2 \
+        logging.every_steps=1 >> "$out/$name.log" 2>&1
+    finish "$name" $?
+    grep -E "Maximum resident" "$out/$name-time.txt"
+    du -sh "runs/$name/final" 2>/dev/null
+    CUDA_VISIBLE_DEVICES=0 /usr/bin/time -v -o "$out/$name-generate-time.txt" python3 -m t2r.cli generate \
+        --model "runs/$name/final" --prompt "The capital of France is" --max-new-tokens 16 > "$out/$name-generate.log" 2>&1
+    echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
+    grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
+    ;;
+*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-cut|kill-rank|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+esac
