@@ -53,8 +53,9 @@ def main() -> None:
         print("final weights: missing in", " and ".join(str(r) for r, w in ((args.a, wa), (args.b, wb)) if not w))
         return
     if set(wa) != set(wb):
-        print(f"final weights: different tensor names ({len(set(wa) ^ set(wb))} not in both)")
-        return
+        print(f"final weights: tensors only in {args.a}: {sorted(set(wa) - set(wb))}; "
+              f"only in {args.b}: {sorted(set(wb) - set(wa))}")
+        wa, wb = ({k: w[k] for k in set(wa) & set(wb)} for w in (wa, wb))
     diffs = {k: (wa[k].float() - wb[k].float()).abs().max().item() for k in wa}
     scale = max(wa[k].float().abs().max().item() for k in wa)
     worst = max(diffs, key=diffs.get)

@@ -68,10 +68,10 @@ ddp-cut)
 kill-rank)
     # rank 1's process is the youngest t2r.cli finetune of the pair: SIGKILL it mid-distill
     ( until grep -q '"step": 55,' runs/kill-rank/metrics.jsonl 2>/dev/null; do sleep 0.2; done
-      pkill -KILL -n -f "t2r.cli finetune --config $recipe name=kill-rank" && echo "== SIGKILL sent to the newest rank" ) &
-    start=$(date +%s)
+      pkill -KILL -n -f "t2r.cli finetune --config $recipe name=kill-rank" && date +%s.%N > "$out/kill-rank-killed-at"
+      echo "== SIGKILL sent to the newest rank" ) &
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514
-    echo "== the launcher ended $(( $(date +%s) - start )) s after its start"
+    echo "== the launcher ended $(echo "$(date +%s.%N) - $(cat "$out/kill-rank-killed-at")" | bc) s after the SIGKILL"
     grep -iE "rank|signal|exit" "$out/kill-rank.log" | tail -6
     ls -d runs/kill-rank/step-* runs/kill-rank/.tmp-* 2>/dev/null
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514 --resume

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -58,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(err, RunError):
             raise
-        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss, a signal
-        print(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}", file=sys.stderr)
+        # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss, a signal. A signal stops
+        # every process of a launch alike: the main one says so (their lines interleaved in one log)
+        if not (hasattr(err, "exit_code") and os.environ.get("RANK", "0") != "0"):
+            print(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:  # Ctrl-C outside training (a training run stops after its step, see t2r.train.signals)
         print(f"t2r {args.command}: interrupted", file=sys.stderr)

@@ -27,14 +27,21 @@ NAME = "t2r_packed"
 """The attention implementation's name in transformers' `AttentionInterface`."""
 
 
-@functools.lru_cache(maxsize=1)
-def _varlen():
+def _find_varlen():
     """(varlen_attn, its parameter names), or None where this torch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+# looked up once, at import: a cached function called from compiled layers made dynamo warn on every graph
+_VARLEN = _find_varlen()
+
+
+def _varlen():
+    return _VARLEN
 
 
 def reference_packed_attention(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:

@@ -43,6 +43,18 @@ def merged_lora_state_dict(peft_model, state_dict: dict[str, torch.Tensor]) -> d
     return merged
 
 
+def without_tied_copies(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state_dict` without the entries `model` ties to another (SmolLM2's output head is its input embedding).
+    `save_pretrained` drops a tied entry only where both share storage; FSDP gathers each as a copy of its own, so
+    a two-card `final/` also held `lm_head.weight` (113 MB more for SmolLM2, read back as the same tensor). An entry
+    whose copy no longer equals its tie's is kept: loading re-ties it, but nothing is dropped that differs."""
+    tied = model.get_expanded_tied_weights_keys(all_submodels=True) if hasattr(
+        model, "get_expanded_tied_weights_keys") else {}
+    copies = {key for key, source in tied.items() if key in state_dict and source in state_dict
+              and state_dict[key] is not state_dict[source] and torch.equal(state_dict[key], state_dict[source])}
+    return {key: value for key, value in state_dict.items() if key not in copies} if copies else state_dict
+
+
 def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     """Write `root/final` atomically from the prepared `model`. Every process must call this
     (gathering the state dict is collective); the main process writes."""
@@ -53,6 +65,8 @@ def save_final(accelerator, model, tokenizer, root: Path, write_extra) -> Path:
     if hasattr(unwrapped, "get_base_model"):  # peft
         state_dict = merged_lora_state_dict(unwrapped, state_dict)
         unwrapped = unwrapped.get_base_model()
+    state_dict = without_tied_copies(unwrapped, state_dict)
+
     def write(tmp: Path) -> None:
         unwrapped.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)

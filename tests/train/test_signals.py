@@ -79,3 +79,19 @@ def test_a_second_signal_stops_at_once():
         assert stop.signum == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_signal_that_stops_every_process_is_reported_by_the_main_one(monkeypatch, capsys, rank):
+    """Under a launcher every process stops on the same signal after the same step: one line in the shared log."""
+    from t2r.cli import app
+    from t2r.train.signals import Stopped
+
+    def stopped(args):
+        raise Stopped("stopped by SIGTERM after step 61: checkpoint step-00000061 written; --resume continues the run",
+                      signal.SIGTERM)
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(app, "run_cache", stopped)
+    assert main(["cache"]) == 128 + signal.SIGTERM
+    assert ("stopped by SIGTERM" in capsys.readouterr().err) is (rank == "0")
