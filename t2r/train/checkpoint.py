@@ -30,7 +30,7 @@ from t2r.outputs import follow_umask
 
 from . import rng
 from .disk import disk_full_stops
-from .errors import CheckpointError
+from .errors import CheckpointError, RunError
 from .safe_load import no_code_from_disk
 
 PREFIX = "step-"
@@ -79,12 +79,15 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
     previous = latest(root)
     kept = f"the newest checkpoint, {previous.name}, is intact" if previous else "no checkpoint was written yet"
     with disk_full_stops(tmp, f"checkpoint {final.name}", kept):
-        with _tied_weights_note_silenced(accelerator):
-            accelerator.save_state(str(tmp))
-        rank = accelerator.process_index
-        (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
-        rng.save(tmp, rank)
-        accelerator.wait_for_everyone()
+        rank, failed = accelerator.process_index, None
+        try:
+            with _tied_weights_note_silenced(accelerator):
+                accelerator.save_state(str(tmp))
+            (tmp / f"random_states_{rank}.pkl").unlink(missing_ok=True)  # replaced by rng-<rank>.json/.safetensors
+            rng.save(tmp, rank)
+        except Exception as err:  # noqa: BLE001 - raised below, once every process knows
+            failed = err
+        _agree_on_the_write(accelerator, failed, tmp, f"checkpoint {final.name}", kept)
         if accelerator.is_main_process:
             if write_extra is not None:
                 write_extra(tmp)
@@ -100,6 +103,28 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
             prune(root, keep_last, final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _agree_on_the_write(accelerator, failed: Exception | None, tmp: Path, what: str, kept: str) -> None:
+    """After each process wrote its part of `tmp`: `failed` (this process's error) raised here, and on the others
+    a one-line CheckpointError naming the first process that failed, so that no process goes on to wait for one
+    that stopped (on NCCL it would wait until the launcher's grace ran out) and each says why it ends."""
+    if accelerator.num_processes == 1:
+        if failed is not None:
+            raise failed
+        return
+    import torch
+    import torch.distributed as dist
+
+    world = accelerator.num_processes
+    first = torch.tensor([accelerator.process_index if failed is not None else world], device=accelerator.device)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    if failed is not None:
+        raise failed
+    if first.item() < world:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(f"process {first.item()} could not write its part of {what} (its own line says why); "
+                              f"{kept}; the half-written copy is removed")
 
 
 def prune(root: Path, keep_last: int, current: Path) -> None:

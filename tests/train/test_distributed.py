@@ -135,3 +135,27 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
     a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
     b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_full_disk_on_one_process_is_one_line_on_each_and_resume_finishes(tmp_path, source_dir, corpus):
+    """Rank 1 finds its disk full while writing its part of the second checkpoint: it says so in one line, rank 0
+    says in one line that process 1 could not write its part (instead of waiting for it in the next collective),
+    the half-written copy is gone, the first checkpoint verifies and `--resume` finishes the run."""
+    from t2r.train import checkpoint as ckpt
+
+    recipe(tmp_path, source_dir, corpus, run="full", **OVERRIDES)  # writes full.yaml
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "tests/train/disk_full_worker.py", "finetune", "--config", str(tmp_path / "full.yaml"),
+           *[f"{k}={v}" for k, v in OVERRIDES.items()]]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("t2r finetune: ")]
+    assert done.returncode != 0 and len(lines) == 2, torchrun_failure(done.stderr)
+    assert any("no space left on the disk of" in line and "checkpoint step-00000004" in line for line in lines)
+    assert any(line.startswith("t2r finetune: error: process 1 could not write its part of checkpoint "
+                               "step-00000004") for line in lines), lines
+    run = tmp_path / "full"
+    assert not list(run.glob(".tmp-*")) and [c.name for c in ckpt.checkpoints(run)] == ["step-00000002"]
+    assert ckpt.verify(run / "step-00000002") is None
+    torchrun_finetune(tmp_path / "full.yaml", OVERRIDES, "--resume", port=29535)
+    assert (run / "final" / "model.safetensors").is_file()
