@@ -11,12 +11,15 @@ the host's waits for the GPU.
         'data.path=.stage/data/train-00*.jsonl.gz' stages.distill.tokens=2621440 train.compile=true \\
         train.micro_batch_size=16 --out profile.md      # the run in a new temporary directory
     python benchmarks/profile_recipe.py tests/... --steps 1:2 ...        # any recipe; CPU: no kernel tables
+    accelerate launch --config_file recipes/accelerate/ddp-2gpu.yaml benchmarks/profile_recipe.py R.yaml \
+        checkpoint.dir=runs/profile-ddp --out 'profile-{rank}.md' ...    # each process profiles its own steps
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -81,26 +84,32 @@ def main() -> None:
     args = parser.parse_intermixed_args()
     first, last = (int(x) for x in args.steps.split(":"))
     overrides = list(args.overrides)
+    rank, world = os.environ.get("RANK", "0"), int(os.environ.get("WORLD_SIZE", "1"))
     if not any(o.startswith("checkpoint.dir=") for o in overrides):  # a run directory of its own, never another's
+        if world > 1:
+            parser.error("under a launcher every process must name the same run directory: checkpoint.dir=DIR")
         overrides.append(f"checkpoint.dir={tempfile.mkdtemp(prefix='t2r-profile-')}")
     recipe = load_recipe(args.config, overrides)
-    per_step = recipe.train.tokens_per_step // (recipe.train.micro_batch_size * recipe.data.seq_len)
+    # the micro-batches this process runs in a step
+    per_step = recipe.train.tokens_per_step // (recipe.train.micro_batch_size * recipe.data.seq_len * world)
     profiler = StepProfiler(first, last, per_step)
     finetune(recipe, callbacks=[profiler])
     root = Path(recipe.checkpoint.dir)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     startup = root / "startup.json"
     lines = [f"# `{args.config}` {' '.join(overrides)}", "",
-             f"Device: {device}; torch {torch.__version__}.", "",
+             f"Device: {device}; torch {torch.__version__}; process {rank} of {world}.", "",
              f"Start-up: {json.loads(startup.read_text()) if startup.is_file() else 'not written'}", "",
              "| stage | steps | median tokens/s | min | max |", "|---|---|---|---|---|",
              *stage_rates(root / "metrics.jsonl"), "", *profiler.lines, "",
              "Command: python " + " ".join(sys.argv)]
     text = "\n".join(lines) + "\n"
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(text)
+        out = Path(str(args.out).replace("{rank}", rank))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    if rank == "0":
+        print(text)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #   bash benchmarks/repro/two_cards.sh ddp-cut             # DDP again, SIGTERM to the launcher after step 60,
 #                                                          # then --resume to step 100 (runs/ddp-cut)
 #   bash benchmarks/repro/two_cards.sh kill-rank           # SIGKILL to rank 1 after step 55, then --resume
+#   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 40-44: card 0, then each DDP rank
 #   bash benchmarks/repro/two_cards.sh eval NAME...        # perplexity and KL at 2K of runs/NAME/final
 #   bash benchmarks/repro/two_cards.sh m7 gsa|gdn          # the 7B shape, 10 steps under FSDP2, saved, reloaded
 #                                                          # on one card, generating
@@ -71,10 +72,20 @@ kill-rank)
       pkill -KILL -n -f "t2r.cli finetune --config $recipe name=kill-rank" && date +%s.%N > "$out/kill-rank-killed-at"
       echo "== SIGKILL sent to the newest rank" ) &
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514
-    echo "== the launcher ended $(echo "$(date +%s.%N) - $(cat "$out/kill-rank-killed-at")" | bc) s after the SIGKILL"
+    python3 -c "import sys, time; print(f'== the launcher ended {time.time() - float(sys.argv[1]):.1f} s after the SIGKILL')" \
+        "$(cat "$out/kill-rank-killed-at")"
     grep -iE "rank|signal|exit" "$out/kill-rank.log" | tail -6
     ls -d runs/kill-rank/step-* runs/kill-rank/.tmp-* 2>/dev/null
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514 --resume
+    ;;
+profile)  # torch.profiler over steps 40-44 of card 0 alone, then of each DDP rank: where the two-card step loses
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/profile_recipe.py "$recipe" name=profile-one \
+        checkpoint.dir=runs/profile-one "${fixed[@]}" --steps 40:44 --out "$out/profile-one.md" > "$out/profile-one.log" 2>&1
+    echo "== profile one rc $?"
+    accelerate_launch --config_file recipes/accelerate/ddp-2gpu.yaml --main_process_port 29516 \
+        benchmarks/profile_recipe.py "$recipe" name=profile-ddp checkpoint.dir=runs/profile-ddp "${fixed[@]}" \
+        --steps 40:44 --out "$out/profile-ddp-{rank}.md" > "$out/profile-ddp.log" 2>&1
+    echo "== profile ddp rc $?"; grep -hE "GPU busy|launches|tokens/s" "$out"/profile-*.md | head -20
     ;;
 eval)
     shift
@@ -107,5 +118,5 @@ m7)
     echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
     grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
     ;;
-*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-cut|kill-rank|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
 esac
