@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from t2r.train import finetune
-from tests.helpers.recipes import recipe, torchrun_failure
+from tests.helpers.recipes import free_port, recipe, torchrun_failure
 
 OVERRIDES = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 7, "checkpoint.every_steps": 2}
 
@@ -40,7 +40,7 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_run, one_proc
 
     recipe(tmp_path, source_dir, corpus, run="ddp", **OVERRIDES)  # writes ddp.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"),
            *[f"{k}={v}" for k, v in OVERRIDES.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -57,9 +57,9 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_run, one_proc
     assert one["validation_loss"] == pytest.approx(two["validation_loss"], rel=1e-5)
 
 
-def torchrun_finetune(config, overrides: dict, *extra: str, port: int = 29519):
+def torchrun_finetune(config, overrides: dict, *extra: str):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(config), *[f"{k}={v}" for k, v in overrides.items()], *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -77,7 +77,7 @@ def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, one
         finetune(resumed, resume=True)
     else:
         finetune(recipe(tmp_path, source_dir, corpus, run="resumed", **part))
-        torchrun_finetune(tmp_path / "resumed.yaml", OVERRIDES, "--resume", port=29521)
+        torchrun_finetune(tmp_path / "resumed.yaml", OVERRIDES, "--resume")
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
     for name in one_process:
         torch.testing.assert_close(b[name], one_process[name], rtol=1e-5, atol=1e-5, msg=name)
@@ -111,10 +111,10 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
 
     overrides = {"train.tokens_per_step": 256, "train.max_steps": 16, "data.held_out": 0, "checkpoint.every_steps": 2}
     recipe(tmp_path, source_dir, corpus, run="straight", **overrides)  # writes straight.yaml
-    torchrun_finetune(tmp_path / "straight.yaml", overrides, port=29531)
+    torchrun_finetune(tmp_path / "straight.yaml", overrides)
     recipe(tmp_path, source_dir, corpus, run="killed", **overrides)  # writes killed.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29527",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "killed.yaml"),
            *[f"{k}={v}" for k, v in overrides.items()]]
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -130,7 +130,7 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
     assert not (tmp_path / "killed" / "final").exists()
     left = ckpt.checkpoints(tmp_path / "killed")
     assert left and all(ckpt.verify(c) is None for c in left)
-    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume", port=29529)
+    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume")
     assert not list((tmp_path / "killed").glob(".tmp-*"))  # a save the kill cut short is not kept
     a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
     b = load_file(tmp_path / "killed" / "final" / "model.safetensors")

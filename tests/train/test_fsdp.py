@@ -12,14 +12,14 @@ from safetensors.torch import load_file
 
 import t2r
 from tests.helpers.models import tiny_source
-from tests.helpers.recipes import torchrun_failure
+from tests.helpers.recipes import free_port, torchrun_failure
 from tests.train import align_fsdp_worker, fsdp_worker
 
 
-def on_two_processes(module: str, tmp_path, port: int, *args: str) -> None:
+def on_two_processes(module: str, tmp_path, *args: str) -> None:
     """`python -m module tmp_path *args` on two gloo processes under torchrun; its failure, readable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", module, str(tmp_path), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -34,7 +34,7 @@ def sharded(tmp_path_factory):
     fsdp_worker.main(str(path))
     for mode in ("direct", "through"):
         align_fsdp_worker.main(str(path), mode)
-    on_two_processes("tests.train.fsdp_worker", path, 29531, "align")
+    on_two_processes("tests.train.fsdp_worker", path, "align")
     return path
 
 
@@ -72,7 +72,7 @@ def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, 
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), "ACCELERATE_USE_FSDP": "true",
            "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "tests.train.ram_efficient_worker", str(tmp_path), str(source_dir), str(corpus)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

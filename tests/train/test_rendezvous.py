@@ -2,7 +2,6 @@
 `$T2R_RENDEZVOUS_TIMEOUT` seconds, exit code 2 and nothing written (before: it waited without end)."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,14 +9,7 @@ import time
 import pytest
 
 from t2r.train import rendezvous
-from tests.helpers.recipes import recipe
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
+from tests.helpers.recipes import free_port, recipe
 
 RANKS = ["0", "1"]  # the master waiting for a worker; a worker waiting for a master
 
