@@ -31,6 +31,9 @@ torch.set_num_threads(_free_threads())
 
 from tests.helpers.models import ARCHS, TARGETS, save_tiny_source  # noqa: E402  (imports triton: after the above)
 from tests.helpers.recipes import write_corpus  # noqa: E402
+from tests.helpers.triton import quick_device_calls  # noqa: E402
+
+quick_device_calls()  # Triton's interpreter, without its repeated patching at each device-function call
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Tiny finetuning set-ups: a small corpus and recipes over a saved tiny source, and what a run leaves behind."""
 
+import socket
 import textwrap
 
 from safetensors.torch import load_file
@@ -59,3 +60,11 @@ def torchrun_failure(stderr: str) -> str:
     is often far from the end, behind the others' teardown), then the tail."""
     errors = [line for line in stderr.splitlines() if "Error" in line or "error:" in line][:60]
     return "torchrun failed; error lines:\n" + "\n".join(errors) + "\n--- last 3000 characters ---\n" + stderr[-3000:]
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a torchrun launch's --master_port: fixed ports collided when two
+    launches ran at once (another test run on the same machine, or parallel test workers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,6 +1,7 @@
 """Run by `test_fsdp.py` under torchrun (2 CPU processes, gloo): train converted tiny models with torch's
 `fully_shard` per decoder layer, and (rank 0) save the gathered weights; with one process, the same steps on the
-whole global batch without sharding, as the reference."""
+whole global batch without sharding, as the reference. `python -m tests.train.fsdp_worker DIR align` runs
+`align_fsdp_worker` next in the same processes (one launch: each costs ~8 s of imports on 2 cores)."""
 
 import sys
 
@@ -43,7 +44,8 @@ def joined() -> tuple[bool, int, int]:
     """(under torchrun, rank, world size): the gloo group joined when torchrun started this process."""
     if "RANK" not in __import__("os").environ:
         return False, 0, 1
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # joined already when a second worker runs in the same processes
+        dist.init_process_group("gloo")
     return True, dist.get_rank(), dist.get_world_size()
 
 
@@ -52,7 +54,8 @@ def global_batches() -> torch.Tensor:
     return torch.randint(3, 97, (3, 4, 16), generator=torch.Generator().manual_seed(0))
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, leave: bool = True) -> None:
+    """Train every case; under torchrun, leave the process group at the end unless `leave` is False."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -74,9 +77,14 @@ def main(out_dir: str) -> None:
         state = full_state(model)
         if rank == 0:
             save_file(state, f"{out_dir}/{name}-{world}.safetensors")
-    if distributed:
+    if distributed and leave:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    align = sys.argv[2:] == ["align"]
+    main(sys.argv[1], leave=not align)
+    if align:  # test_fsdp.py's attention-transfer cases, in the same two processes and process group
+        from tests.train import align_fsdp_worker
+
+        align_fsdp_worker.main(sys.argv[1], "fsdp")

@@ -11,24 +11,36 @@ import torch
 from safetensors.torch import load_file
 
 from t2r.train import finetune
-from tests.helpers.recipes import recipe, torchrun_failure
+from tests.helpers.recipes import free_port, recipe, torchrun_failure
 
-OVERRIDES = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 0, "checkpoint.every_steps": 2}
+OVERRIDES = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 7, "checkpoint.every_steps": 2}
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, source_dir, corpus):
-    """The final weights of one process training 4 steps straight: what every run of this file must end with
+def one_run(tmp_path_factory, source_dir, corpus):
+    """The run directory of one process training 4 steps straight: what every run of this file must end with
     (trained once for the file; each test trained its own copy before)."""
     path = tmp_path_factory.mktemp("one-process")
     finetune(recipe(path, source_dir, corpus, run="straight", **OVERRIDES))
-    return load_file(path / "straight" / "final" / "model.safetensors")
+    return path / "straight"
 
 
-def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_process):
+@pytest.fixture(scope="module")
+def one_process(one_run):
+    """The final weights of `one_run`."""
+    return load_file(one_run / "final" / "model.safetensors")
+
+
+def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_run, one_process):
+    """Two processes end with the weights of one, and measure the same held-out loss (the final metrics, the
+    collapse guard's reference): the mean over all held-out micro-batches whatever the process count, the same on
+    every process, and every process runs as many forwards (under FSDP each gathers weights: an odd number of
+    micro-batches left one process waiting forever)."""
+    import json
+
     recipe(tmp_path, source_dir, corpus, run="ddp", **OVERRIDES)  # writes ddp.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"),
            *[f"{k}={v}" for k, v in OVERRIDES.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -41,11 +53,13 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_process):
     assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3  # training moved the weights
     for name in a:  # rounding only: one process accumulates in another order and with other thread counts
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5, msg=name)
+    one, two = (json.loads((run / "final_metrics.json").read_text()) for run in (one_run, tmp_path / "ddp"))
+    assert one["validation_loss"] == pytest.approx(two["validation_loss"], rel=1e-5)
 
 
-def torchrun_finetune(config, overrides: dict, *extra: str, port: int = 29519):
+def torchrun_finetune(config, overrides: dict, *extra: str):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(config), *[f"{k}={v}" for k, v in overrides.items()], *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -63,24 +77,10 @@ def test_resume_on_another_number_of_processes(tmp_path, source_dir, corpus, one
         finetune(resumed, resume=True)
     else:
         finetune(recipe(tmp_path, source_dir, corpus, run="resumed", **part))
-        torchrun_finetune(tmp_path / "resumed.yaml", OVERRIDES, "--resume", port=29521)
+        torchrun_finetune(tmp_path / "resumed.yaml", OVERRIDES, "--resume")
     b = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
     for name in one_process:
         torch.testing.assert_close(b[name], one_process[name], rtol=1e-5, atol=1e-5, msg=name)
-
-
-def test_two_processes_measure_the_held_out_loss_of_one(tmp_path, source_dir, corpus):
-    """The held-out loss (the final metrics, the collapse guard's reference) is the mean over all held-out
-    micro-batches whatever the process count, the same on every process, and every process runs as many forwards
-    (under FSDP each gathers weights: an odd number of micro-batches left one process waiting forever)."""
-    import json
-
-    overrides = {"train.tokens_per_step": 256, "train.max_steps": 2, "data.held_out": 7}
-    finetune(recipe(tmp_path, source_dir, corpus, run="single", **overrides))
-    recipe(tmp_path, source_dir, corpus, run="two", **overrides)  # writes two.yaml
-    torchrun_finetune(tmp_path / "two.yaml", overrides, port=29525)
-    one, two = (json.loads((tmp_path / run / "final_metrics.json").read_text()) for run in ("single", "two"))
-    assert one["validation_loss"] == pytest.approx(two["validation_loss"], rel=1e-5)
 
 
 def _children(pid: int) -> dict[str, int]:
@@ -109,12 +109,12 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
 
     from t2r.train import checkpoint as ckpt
 
-    overrides = {"train.tokens_per_step": 256, "train.max_steps": 24, "data.held_out": 0, "checkpoint.every_steps": 2}
+    overrides = {"train.tokens_per_step": 256, "train.max_steps": 16, "data.held_out": 0, "checkpoint.every_steps": 2}
     recipe(tmp_path, source_dir, corpus, run="straight", **overrides)  # writes straight.yaml
-    torchrun_finetune(tmp_path / "straight.yaml", overrides, port=29531)
+    torchrun_finetune(tmp_path / "straight.yaml", overrides)
     recipe(tmp_path, source_dir, corpus, run="killed", **overrides)  # writes killed.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29527",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "killed.yaml"),
            *[f"{k}={v}" for k, v in overrides.items()]]
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -130,7 +130,7 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
     assert not (tmp_path / "killed" / "final").exists()
     left = ckpt.checkpoints(tmp_path / "killed")
     assert left and all(ckpt.verify(c) is None for c in left)
-    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume", port=29529)
+    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume")
     assert not list((tmp_path / "killed").glob(".tmp-*"))  # a save the kill cut short is not kept
     a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
     b = load_file(tmp_path / "killed" / "final" / "model.safetensors")

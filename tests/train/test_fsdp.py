@@ -12,23 +12,34 @@ from safetensors.torch import load_file
 
 import t2r
 from tests.helpers.models import tiny_source
-from tests.helpers.recipes import torchrun_failure
+from tests.helpers.recipes import free_port, torchrun_failure
 from tests.train import align_fsdp_worker, fsdp_worker
 
 
-def on_two_processes(module: str, tmp_path, port: int) -> None:
-    """`python -m module tmp_path` on two gloo processes under torchrun; its failure, readable."""
+def on_two_processes(module: str, tmp_path, *args: str) -> None:
+    """`python -m module tmp_path *args` on two gloo processes under torchrun; its failure, readable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", module, str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", module, str(tmp_path), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         pytest.fail(torchrun_failure(done.stderr))
 
 
-def test_fully_sharded_training_equals_one_process(tmp_path):
-    fsdp_worker.main(str(tmp_path))  # the one-process reference, in this process
-    on_two_processes("tests.train.fsdp_worker", tmp_path, 29531)
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The weights both tests compare, in one directory: the one-process references (trained in this process)
+    and both workers' FSDP2 runs, trained in one torchrun launch (two launches cost ~8 s more on 2 cores)."""
+    path = tmp_path_factory.mktemp("fsdp")
+    fsdp_worker.main(str(path))
+    for mode in ("direct", "through"):
+        align_fsdp_worker.main(str(path), mode)
+    on_two_processes("tests.train.fsdp_worker", path, "align")
+    return path
+
+
+def test_fully_sharded_training_equals_one_process(sharded):
+    tmp_path = sharded
     for name in fsdp_worker.CASES:
         one, two = (load_file(tmp_path / f"{name}-{w}.safetensors") for w in (1, 2))
         assert one.keys() == two.keys()
@@ -36,13 +47,11 @@ def test_fully_sharded_training_equals_one_process(tmp_path):
             torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5, msg=f"{name}: {key}")
 
 
-def test_attention_transfer_under_fsdp_equals_one_process(tmp_path):
+def test_attention_transfer_under_fsdp_equals_one_process(sharded):
     """The align stage's loss under FSDP2 (each converted attention read inside the student's forward, where its
     sharded weights are gathered) trains to the weights of one process calling each attention directly, and on
     one process the two ways of reading the attention agree."""
-    for mode in ("direct", "through"):
-        align_fsdp_worker.main(str(tmp_path), mode)
-    on_two_processes("tests.train.align_fsdp_worker", tmp_path, 29535)
+    tmp_path = sharded
     for name, options in align_fsdp_worker.CASES.items():
         direct = load_file(tmp_path / f"{name}-1-direct.safetensors")
         for other in (f"{name}-1-through", f"{name}-2-fsdp"):
@@ -63,7 +72,7 @@ def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, 
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), "ACCELERATE_USE_FSDP": "true",
            "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "tests.train.ram_efficient_worker", str(tmp_path), str(source_dir), str(corpus)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

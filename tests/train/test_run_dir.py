@@ -55,11 +55,16 @@ finetune(load_recipe(recipe_path), callbacks=callbacks)
 """
 
 
-def start_child(tmp_path, run, point):
-    ready = tmp_path / f"{run}.ready"
+def launch_child(tmp_path, run, point):
+    """The child of `CHILD` for `tmp_path / f"{run}.yaml"`, started; `ready_child` waits for its stop point."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / f"{run}.yaml"), point, str(ready)],
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / f"{run}.yaml"), point,
+                             str(tmp_path / f"{run}.ready")],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def ready_child(tmp_path, run, proc):
+    ready = tmp_path / f"{run}.ready"
     deadline = time.time() + 240
     while not ready.exists():
         if proc.poll() is not None:
@@ -91,9 +96,29 @@ def straight(tmp_path_factory, source_dir, corpus):
     return final_weights(r)
 
 
-def test_a_second_run_is_locked_out_and_a_killed_run_resumes_exactly(tmp_path, source_dir, corpus, straight, capsys):
-    r = recipe(tmp_path, source_dir, corpus)  # writes run.yaml for the child
-    proc = start_child(tmp_path, "run", "after-step-4")
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, source_dir, corpus):
+    """{point: (directory, child)}: a child of the default tiny recipe stopped at each point the tests below
+    kill it at, each in its own directory. All start at once: each child spends ~8 s importing on one core, so
+    side by side on 2 cores they take half the time they took one after the other. Any left alive are killed."""
+    children = {}
+    for point in ("after-step-4", "after-step-2", "mid-save-6", "mid-final-6"):
+        path = tmp_path_factory.mktemp(point)
+        recipe(path, source_dir, corpus)  # writes run.yaml for the child
+        children[point] = (path, launch_child(path, "run", point))
+    try:
+        for path, proc in children.values():
+            ready_child(path, "run", proc)
+        yield children
+    finally:
+        for _, proc in children.values():
+            if proc.returncode is None:
+                kill(proc)
+
+
+def test_a_second_run_is_locked_out_and_a_killed_run_resumes_exactly(stopped, source_dir, corpus, straight, capsys):
+    tmp_path, proc = stopped["after-step-4"]
+    r = recipe(tmp_path, source_dir, corpus)
     try:
         for resume in (False, True):  # while the child trains, neither a fresh run nor a resume may start
             with pytest.raises(RunDirError, match=rf"is in use by another run \(pid {proc.pid} on "):
@@ -114,11 +139,12 @@ def test_a_second_run_is_locked_out_and_a_killed_run_resumes_exactly(tmp_path, s
     assert [r["step"] for r in rows if "held_out_loss" in r] == [6]  # and redone, nothing interleaved
 
 
-def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(tmp_path, source_dir, corpus, straight,
+def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(stopped, source_dir, corpus, straight,
                                                                         capsys):
     """Before: `--resume: no checkpoint ...; starting afresh`, then `error: ... holds another run ... --overwrite`."""
+    tmp_path, proc = stopped["after-step-2"]
     r = recipe(tmp_path, source_dir, corpus)
-    kill(start_child(tmp_path, "run", "after-step-2"))  # checkpoints every 3 steps: none yet
+    kill(proc)  # checkpoints every 3 steps: none yet
     assert ckpt.latest(r.checkpoint.dir) is None and (tmp_path / "run" / "metrics.jsonl").is_file()
     finetune(r, resume=True)
     assert ("--resume: no checkpoint in {}; starting afresh (the run stopped before its first checkpoint; replacing "
@@ -130,10 +156,10 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(tmp_path,
 
 @pytest.mark.parametrize("point, half, latest", [("mid-save-6", ".tmp-step-00000006", "step-00000003"),
                                                  ("mid-final-6", ".tmp-final", "step-00000006")])
-def test_killed_while_writing_a_checkpoint_or_the_final_model(tmp_path, source_dir, corpus, straight, point, half,
+def test_killed_while_writing_a_checkpoint_or_the_final_model(stopped, source_dir, corpus, straight, point, half,
                                                              latest):
+    tmp_path, proc = stopped[point]
     r = recipe(tmp_path, source_dir, corpus)
-    proc = start_child(tmp_path, "run", point)
     kill(proc)
     half = tmp_path / "run" / half
     assert (half / "model.safetensors").is_file() and not (tmp_path / "run" / "final").exists()

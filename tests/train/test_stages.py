@@ -14,7 +14,7 @@ from t2r.train import CheckpointError, Interrupt, finetune, load_recipe
 from t2r.train import checkpoint as ckpt
 from t2r.train.recipe import RecipeError
 from t2r.train.stages import describe
-from tests.helpers.recipes import final_weights, recipe, torchrun_failure
+from tests.helpers.recipes import final_weights, free_port, recipe, torchrun_failure
 
 ALIGN = {"name": "align", "loss": "attention_mse", "steps": 2, "lr": 1.0e-3, "warmup_steps": 0,
          "schedule": "constant", "trainable": "gates"}
@@ -254,7 +254,7 @@ def test_two_processes_run_the_stages_like_one(tmp_path, source_dir, corpus):
     flow = yaml.safe_dump([dict(s) for s in stages], default_flow_style=True, width=10_000).strip()
     args = {"train.max_steps": "null", "stages": flow, "checkpoint.every_steps": 2, **overrides}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "ddp.yaml"), *[f"{k}={v}" for k, v in args.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
