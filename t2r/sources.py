@@ -199,10 +199,13 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
         return load_adapter(path, dtype, device)
     if gguf is None:
         require_tokenizer(path)
+    from t2r.models.loading import quiet_load_report
+
     try:
         tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
-        model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",
-                                      output_loading_info=True, **kwargs)
+        with quiet_load_report():  # what it would list is refused below, in one line naming the tensors
+            model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",
+                                          output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except Exception as err:  # noqa: BLE001 - damage shows as any of numpy's, pickle's, safetensors' errors
         if gguf is not None:
             raise model_check.gguf_error(gguf, err) from err

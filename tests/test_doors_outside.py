@@ -3,6 +3,8 @@ reproduced as a user would meet it (the cache's SmolLM2 copy, `from_pretrained` 
 the stored baseline scores of `t2r eval`, rows of data that are not text, numbers without a sane bound)."""
 
 import hashlib
+import json
+import shutil
 import warnings
 
 import pytest
@@ -75,3 +77,117 @@ def load(spec):
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         return sources.load_source(spec)
+
+
+# --- from_pretrained of a directory or adapter t2r wrote ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """(converted model directory, adapter directory) as `t2r convert` and `t2r.save_adapter` write them."""
+    from peft import LoraConfig, get_peft_model
+
+    import t2r
+
+    tmp = tmp_path_factory.mktemp("written")
+    t2r.save_converted(t2r.convert(tiny_source("llama"), "gsa", num_slots=4), word_tokenizer(), tmp / "gsa",
+                       source="tiny")
+    peft = get_peft_model(t2r.convert(tiny_source("llama"), "gsa", num_slots=4),
+                          LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.02)
+    t2r.save_adapter(peft, tmp / "adapter", base=str(tmp / "gsa"))
+    return tmp / "gsa", tmp / "adapter"
+
+
+def edited(directory, tmp_path, change):
+    """A copy of `directory` with `change(state)` applied to its weights and its manifest written again (as a user
+    who re-signs a directory would): the checksums then pass, the tensors are what is wrong."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / directory.name
+    shutil.copytree(directory, copy)
+    state = load_file(copy / "model.safetensors")
+    change(state)
+    save_file(state, copy / "model.safetensors", metadata={"format": "pt"})
+    manifest.write(copy)
+    return copy
+
+
+def refused_in_one_line(directory, match):
+    """The refusal, and nothing else said: transformers' multi-line load report is not logged."""
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    class Kept(logging.Handler):
+        records = []
+
+        def emit(self, record):
+            self.records.append(record.getMessage())
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(kept := Kept())
+    try:
+        with pytest.raises(DamagedModelError, match=match) as err:
+            AutoModelForCausalLM.from_pretrained(directory)
+    finally:
+        logger.removeHandler(kept)
+    assert "\n" not in str(err.value)
+    assert not [r for r in kept.records if "LOAD REPORT" in r]
+
+
+DOWN = "model.layers.0.mlp.down_proj.weight"
+
+
+def test_from_pretrained_refuses_a_missing_tensor_behind_a_resigned_manifest(written, tmp_path):
+    """Before: transformers printed a report and left the tensor at random; the logits changed, exit 0."""
+    copy = edited(written[0], tmp_path, lambda state: state.pop(DOWN))
+    refused_in_one_line(copy, rf"lacks 1 tensor\(s\) of the model \({DOWN}")
+
+
+def test_a_tensor_of_another_shape_is_one_line_naming_it(written, tmp_path, capsys):
+    """A config edited to another num_slots, or a mis-shaped tensor: before, transformers' multi-line report and
+    `RuntimeError: ... look at the above report!`, through from_pretrained, load_source and the command line."""
+    from t2r.cli import main
+
+    copy = edited(written[0], tmp_path, lambda state: state.update({DOWN: state[DOWN][:, :-1].contiguous()}))
+    capsys.readouterr()
+    refused_in_one_line(copy, rf"has a wrong shape for 1 tensor\(s\) of the model \({DOWN}")
+    config = json.loads((written[0] / "config.json").read_text())
+    slots = tmp_path / "slots"
+    shutil.copytree(written[0], slots)
+    (slots / "config.json").write_text(json.dumps(config).replace('"num_slots": 4', '"num_slots": 8'))
+    manifest.write(slots)
+    assert main(["generate", "--model", str(slots), "--prompt", "w5", "--max-new-tokens", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]  # progress bars
+    assert len(said) == 1, err
+    said = said[0]
+    assert "has a wrong shape for 3 tensor(s) of the model" in said and "slot_gate" in said
+
+
+def test_an_empty_weights_file_through_from_pretrained_names_the_directory(written, tmp_path):
+    """Before: `SafetensorError: Error while deserializing header: header too small`, no file named."""
+    copy = tmp_path / "empty"
+    shutil.copytree(written[0], copy)
+    (copy / "model.safetensors").write_bytes(b"")
+    manifest.write(copy)
+    refused_in_one_line(copy, r"empty: cannot load the model \(SafetensorError: .*header too small\)")
+
+
+def test_from_pretrained_of_a_t2r_adapter_checks_its_manifest(written, tmp_path):
+    """`AutoModelForCausalLM.from_pretrained(adapter_dir)` (transformers loads the base, then the adapter): before,
+    200 flipped bytes in the adapter loaded without a word."""
+    from transformers import AutoModelForCausalLM
+
+    assert hasattr(AutoModelForCausalLM.from_pretrained(written[1]), "peft_config")  # intact: loads
+    copy = tmp_path / "adapter"
+    shutil.copytree(written[1], copy)
+    flip_bytes(copy / "adapter_model.safetensors", 200)
+    refused_in_one_line(copy, "adapter_model.safetensors does not match its SHA-256")
+    model_class = type(AutoModelForCausalLM.from_pretrained(written[0]))
+    with pytest.raises(DamagedModelError, match="adapter_model.safetensors does not match its SHA-256"):
+        model_class.from_pretrained(copy)  # the class itself given the adapter's directory
+
