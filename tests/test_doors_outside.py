@@ -191,3 +191,30 @@ def test_from_pretrained_of_a_t2r_adapter_checks_its_manifest(written, tmp_path)
     with pytest.raises(DamagedModelError, match="adapter_model.safetensors does not match its SHA-256"):
         model_class.from_pretrained(copy)  # the class itself given the adapter's directory
 
+
+# --- t2r eval's stored baseline scores ----------------------------------------------------------------------------
+
+def test_stored_baseline_scores_follow_a_file_rewritten_with_its_size_and_mtime_kept(tmp_path):
+    """The baseline's weights replaced in place by others of the same size, the mtime set back (`cp -p`,
+    `touch -r`, rsync): before, the fingerprint (remembered by path, size and mtime) was the old one, and `t2r eval`
+    reported the old baseline's perplexity (99.99 instead of 107.03) as "same weights, inputs and settings"."""
+    import os
+    import time
+
+    from safetensors.torch import load_file, save_file
+
+    from t2r.eval.result_cache import ResultCache
+    from tests.helpers.models import save_tiny_source
+
+    baseline = save_tiny_source(tmp_path / "baseline")
+    weights = baseline / "model.safetensors"
+    cache = ResultCache(tmp_path / "cache")
+    before = cache.fingerprint(str(baseline), None)
+    kept = weights.stat()
+    time.sleep(0.05)  # past the clock tick of the first write
+    state = load_file(weights)
+    save_file({name: t * 1.5 for name, t in state.items()}, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (kept.st_size, kept.st_mtime_ns)
+    assert ResultCache(tmp_path / "cache").fingerprint(str(baseline), None) != before  # a later `t2r eval`
+    assert ResultCache(tmp_path / "cache").fingerprint(str(baseline), None) == cache.fingerprint(str(baseline), None)
