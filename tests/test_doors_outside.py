@@ -4,6 +4,7 @@ the stored baseline scores of `t2r eval`, rows of data that are not text, number
 
 import hashlib
 import json
+import re
 import shutil
 import warnings
 
@@ -218,3 +219,39 @@ def test_stored_baseline_scores_follow_a_file_rewritten_with_its_size_and_mtime_
     assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (kept.st_size, kept.st_mtime_ns)
     assert ResultCache(tmp_path / "cache").fingerprint(str(baseline), None) != before  # a later `t2r eval`
     assert ResultCache(tmp_path / "cache").fingerprint(str(baseline), None) == cache.fingerprint(str(baseline), None)
+
+
+# --- rows that are not text, deep in a file ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, said", [
+    (b'{"text": 12345}', "line 1990: field 'text' holds int, not text"),
+    (b'{"text": ["a", "list"]}', "line 1990: field 'text' holds list, not text"),
+    (b'{"text": "bad \xff byte"}', r"line 1990: not UTF-8 text \(byte 0xff"),
+])
+def test_a_row_that_is_not_text_deep_in_a_file_is_refused_before_training(tmp_path, capsys, bad, said):
+    """Line 1,990 of 2,000, past the 100 documents read first: before, `--dry-run` passed and the run stopped
+    there mid-training (wherever the shuffle put it), after hours of steps on a real corpus."""
+    from t2r.cli import main
+    from tests.helpers.models import save_tiny_source
+
+    rows = [json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog"}).encode() for i in range(2000)]
+    rows[1989] = bad
+    data = tmp_path / "deep.jsonl"
+    data.write_bytes(b"\n".join(rows) + b"\n")
+    source = save_tiny_source(tmp_path / "source")
+    config = tmp_path / "r.yaml"
+    config.write_text(f"""
+name: deep
+model: {{source: "{source}", dtype: float32}}
+convert: {{target: gsa, options: {{num_slots: 8}}}}
+data: {{path: "{data}", seq_len: 32, held_out: 4}}
+train: {{lr: 3.0e-3, warmup_steps: 0, tokens_per_step: 64, micro_batch_size: 2, max_steps: 2, mixed_precision: "no"}}
+checkpoint: {{dir: "{tmp_path / 'run'}"}}
+logging: {{plot: false}}
+""")
+    capsys.readouterr()
+    assert main(["finetune", "--config", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(f"deep.jsonl, {said}", err), err
+    assert main(["finetune", "--config", str(config)]) == 2  # the run: before the model loads
+    assert re.search(f"deep.jsonl, {said}", capsys.readouterr().err) and not (tmp_path / "run").exists()
