@@ -255,3 +255,19 @@ logging: {{plot: false}}
     assert re.search(f"deep.jsonl, {said}", err), err
     assert main(["finetune", "--config", str(config)]) == 2  # the run: before the model loads
     assert re.search(f"deep.jsonl, {said}", capsys.readouterr().err) and not (tmp_path / "run").exists()
+
+
+def test_a_data_directory_says_which_files_are_read(tmp_path):
+    """A directory with an unrelated file added (notes.md) resumes as before, and now says what it read."""
+    from t2r.data.check import data_notes
+    from t2r.data.config import DataConfig
+    from tests.helpers.recipes import write_corpus
+
+    (tmp_path / "data" / "more").mkdir(parents=True)
+    write_corpus(tmp_path / "data" / "a.jsonl")
+    write_corpus(tmp_path / "data" / "more" / "b.jsonl")
+    (tmp_path / "data" / "notes.md").write_text("where the text came from\n")
+    assert data_notes(DataConfig(path=str(tmp_path / "data"))) == (
+        f"data: 2 files read from {tmp_path / 'data'}: a.jsonl, more/b.jsonl (not read, not data files: notes.md)")
+    assert data_notes(DataConfig(path=str(tmp_path / "data" / "*.jsonl"))).endswith(": a.jsonl")
+    assert data_notes(DataConfig(path=str(tmp_path / "data" / "a.jsonl"))) is None  # one file: said by the recipe
