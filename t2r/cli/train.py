@@ -150,7 +150,7 @@ def check_recipe_data(recipe) -> None:
     positions, the first documents of every local file, the rows without text (counted), then, when the
     tokenizer is a local directory, one packed row of each part. A real run leaves them to `finetune`, which makes
     them once, before the model loads."""
-    from t2r.data.check import check_files, check_rows, check_skipped
+    from t2r.data.check import check_files, check_rows, data_notes
     from t2r.data.documents import is_local
     from t2r.sources import load_tokenizer
     from t2r.train.checks import check_positions
@@ -158,7 +158,7 @@ def check_recipe_data(recipe) -> None:
     cfg = recipe.data.data_config()
     check_positions(recipe)
     check_files(cfg)
-    note = check_skipped(cfg)
+    note = data_notes(cfg)
     if note:
         print(note)
     source = Path(recipe.model.source).expanduser()

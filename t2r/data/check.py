@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from .config import DataConfig
 from .documents import load_documents, rows_without_text
-from .files import DataError, check_files, first_without_text
+from .files import DataError, check_files, files_read, first_without_text
 from .packing import PackedSequences
 
-__all__ = ["DataError", "check_files", "check_rows", "check_skipped"]
+__all__ = ["DataError", "check_files", "check_rows", "check_skipped", "data_notes"]
+
+
+def data_notes(cfg: DataConfig) -> str | None:
+    """What a run says about its data before it trains: the files a directory or glob gives (`files_read`) and the
+    rows without text it skips (`check_skipped`, which refuses too many); None when there is nothing to say."""
+    return "\n".join(note for note in (files_read(cfg), check_skipped(cfg)) if note) or None
 
 
 def check_skipped(cfg: DataConfig) -> str | None:

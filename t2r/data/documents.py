@@ -71,7 +71,11 @@ def open_dataset(cfg: DataConfig) -> Dataset | IterableDataset:
 
 def rows_without_text(cfg: DataConfig) -> tuple[int, int] | None:
     """(rows whose `text_field` is missing, null or blank, all rows) of `cfg`'s local files as `datasets` reads
-    them (the training stream skips those rows); None for a hub dataset or streamed files (not read ahead)."""
+    them (the training stream skips those rows); None for a hub dataset or streamed files (not read ahead).
+
+    A row the stream cannot skip, whose field holds a number, list or object (`datasets` then reads the column as
+    JSON values), or bytes that are not UTF-8, is refused here, naming its file and line: the stream would stop
+    there, mid-training, wherever the shuffle put it (before, only when it got there; `--dry-run` passed)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -79,7 +83,11 @@ def rows_without_text(cfg: DataConfig) -> tuple[int, int] | None:
         return None
     column = open_dataset(cfg).data.column(cfg.text_field)
     if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        return None  # no strings at all: refused by the file checks and the stream
+        raise explain(cfg, TypeError(f"field {cfg.text_field!r} holds values that are not text"))
+    try:
+        column.validate(full=True)  # every string valid UTF-8
+    except pa.ArrowInvalid as err:
+        raise explain(cfg, err) from None
     blank = pc.sum(pc.equal(pc.utf8_trim_whitespace(column), "")).as_py() or 0
     return column.null_count + blank, len(column)
 

@@ -59,6 +59,34 @@ def local_files(path: str) -> tuple[str, list[str]]:
     return builders[0], files
 
 
+def files_read(cfg: DataConfig, shown: int = 5) -> str | None:
+    """One line naming the files a directory or glob `cfg.path` gives (and those beside them that are not read, not
+    being data files), so a file added or left out is seen; None for one file or a hub dataset."""
+    path = os.path.expanduser(cfg.path)
+    if not is_local(path) or os.path.isfile(path):
+        return None
+    _, files = local_files(path)
+    root = path if os.path.isdir(path) else _glob_root(path)
+    names = [os.path.relpath(f, root) for f in files]
+    line = f"data: {len(files):,} file{'s' if len(files) != 1 else ''} read from {cfg.path}: {_listed(names, shown)}"
+    if os.path.isdir(path):
+        others = [os.path.relpath(p, path) for p in sorted(Path(path).rglob("*"))
+                  if p.is_file() and not _hidden(p, path) and _builder(str(p)) is None]
+        if others:
+            line += f" (not read, not data files: {_listed(others, shown)})"
+    return line
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob starts in: its parts before the first with a wildcard."""
+    parts = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts[:-1]))
+    return os.path.join(*parts) if parts else "."
+
+
+def _listed(names: list[str], shown: int) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
+
+
 def _builder(path: str) -> str | None:
     name = os.path.basename(path).lower()
     for compression in ("", *COMPRESSIONS):

@@ -68,8 +68,10 @@ def digest(value) -> str:
 
 
 class FileHashes:
-    """sha256 of files, remembered in `path` (JSON) by absolute path, size and mtime: a file is read again only
-    when one of them changes."""
+    """sha256 of files, remembered in `path` (JSON) by absolute path, inode, size, modification and change time: a
+    file is read again when any of them changes. Size and mtime alone were kept by a file rewritten in place with
+    its mtime set back (`cp -p`, `touch -r`, rsync), and the old file's scores came back as the new one's; the
+    change time (ctime) moves on every write and cannot be set back."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -83,13 +85,14 @@ class FileHashes:
         file = file.resolve()
         stat = file.stat()
         seen = self.known.get(str(file))
-        if isinstance(seen, dict) and seen.get("size") == stat.st_size and seen.get("mtime_ns") == stat.st_mtime_ns:
+        now = {"inode": stat.st_ino, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+        if isinstance(seen, dict) and all(seen.get(key) == value for key, value in now.items()):
             return seen["sha256"]
         h = hashlib.sha256()
         with open(file, "rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)
-        self.known[str(file)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": h.hexdigest()}
+        self.known[str(file)] = {**now, "sha256": h.hexdigest()}
         _write_json(self.path, self.known)
         return h.hexdigest()
 
@@ -140,8 +143,8 @@ class ResultCache:
         return self.root is not None
 
     def fingerprint(self, spec: str | None, model: torch.nn.Module, tokenizer=None) -> str:
-        """The weights' (and tokenizer's) fingerprint: the sha256 of `spec`'s files (remembered by path, size and
-        mtime), or of the loaded tensors when there are no files to read (a hub id, an adapter)."""
+        """The weights' (and tokenizer's) fingerprint: the sha256 of `spec`'s files (remembered by path, inode, size,
+        mtime and ctime), or of the loaded tensors when there are no files to read (a hub id, an adapter)."""
         files = model_files(spec) if spec else None
         if files:
             weights = "files:" + digest([[f.name, self._hashes.sha256(f)] for f in files])

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from t2r.data.check import check_files, check_rows, check_skipped
+from t2r.data.check import check_files, check_rows, data_notes
 from t2r.data.fingerprint import fingerprint
 from t2r.models.model_card import write_model_card
 from t2r.outputs import quiet_libraries
@@ -96,7 +96,7 @@ def _check_data(recipe) -> str | None:
     the rows without text (returns the line that counts those skipped), then one packed row of each part."""
     check_positions(recipe)
     check_files(recipe.data.data_config())
-    note = check_skipped(recipe.data.data_config())
+    note = data_notes(recipe.data.data_config())
     check_rows(recipe.data.data_config(), load_tokenizer(recipe.model.source), recipe.data.seq_len, recipe.train.seed)
     return note
 
