@@ -145,7 +145,7 @@ def test_a_full_disk_on_one_process_is_one_line_on_each_and_resume_finishes(tmp_
 
     recipe(tmp_path, source_dir, corpus, run="full", **OVERRIDES)  # writes full.yaml
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "tests/train/disk_full_worker.py", "finetune", "--config", str(tmp_path / "full.yaml"),
            *[f"{k}={v}" for k, v in OVERRIDES.items()]]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -157,5 +157,5 @@ def test_a_full_disk_on_one_process_is_one_line_on_each_and_resume_finishes(tmp_
     run = tmp_path / "full"
     assert not list(run.glob(".tmp-*")) and [c.name for c in ckpt.checkpoints(run)] == ["step-00000002"]
     assert ckpt.verify(run / "step-00000002") is None
-    torchrun_finetune(tmp_path / "full.yaml", OVERRIDES, "--resume", port=29535)
+    torchrun_finetune(tmp_path / "full.yaml", OVERRIDES, "--resume")
     assert (run / "final" / "model.safetensors").is_file()
