@@ -104,6 +104,8 @@ def quick_device_calls():
 
     if getattr(interpreter.InterpretedFunction.__call__, "quick", False):
         return
+    if not (hasattr(interpreter, "_patch_lang") and hasattr(interpreter.InterpretedFunction, "rewrite")):
+        return  # another Triton than the one this mirrors (3.6): its interpreter as it is
     launch_call = interpreter.GridExecutor.__call__
     patched = []  # per running launch: ids of the language modules patched since it began
 
