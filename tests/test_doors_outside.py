@@ -313,3 +313,15 @@ def test_a_number_past_its_bound_is_refused_as_a_flag(flag, tmp_path, capsys):
     assert stop.value.code == 2
     assert f"argument {flag}: " in capsys.readouterr().err
 
+
+def test_a_run_that_ends_on_skipped_steps_writes_no_final_model(tmp_path, capsys):
+    """train.lr=1e30 on a 2-step run: every update after the first was non-finite and skipped, fewer than
+    max_nonfinite_steps; before, final/ was written and the command exited 0."""
+    from t2r.cli import main
+    from tests.helpers.recipes import write_corpus
+
+    config = recipe_file(tmp_path, write_corpus(tmp_path / "train.jsonl"))
+    assert main(["finetune", "--config", str(config), "train.lr=1e30", "train.max_steps=4"]) == 1
+    assert "step 4: the run ended on a non-finite step (its update skipped; 3 skipped in all), so final/ was not " \
+           "written" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "final").exists()
