@@ -16,6 +16,20 @@ BOUNDS = {"min": (operator.ge, ">="), "gt": (operator.gt, ">"), "max": (operator
 """Bound keys of a setting's metadata: (test, symbol)."""
 RULE_KEYS = ("choices", *BOUNDS)
 
+SEED_MAX = 2**32 - 1
+"""The largest seed torch and numpy take (a larger one failed after training, in their words, naming no setting)."""
+COUNT_MAX = 2**16
+"""Upper bound of counts held at once (rows of a batch, prompts, a LoRA rank): beyond it, an allocation no machine
+has (`lora.r: 1e30` failed in torch's C++ with a traceback)."""
+LENGTH_MAX = 2**24
+"""Upper bound of tokens in a row, window or context (16M)."""
+STEPS_MAX = 2**40
+"""Upper bound of steps, tokens per step and documents: more never ends (`tokens_per_step: 1e30` overflowed only
+once training started)."""
+TOKENS_MAX = 2**53
+"""Upper bound of token budgets: integers written as floats are exact up to here (1e30 reads as
+1000000000000000019884624838656)."""
+
 
 def setting(default=MISSING, help: str = "", group: str | None = None, **meta):
     """A field whose `help` becomes its flag's text; a list default is copied for each instance; no default:

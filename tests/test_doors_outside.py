@@ -221,6 +221,24 @@ def test_stored_baseline_scores_follow_a_file_rewritten_with_its_size_and_mtime_
     assert ResultCache(tmp_path / "cache").fingerprint(str(baseline), None) == cache.fingerprint(str(baseline), None)
 
 
+def recipe_file(tmp_path, data):
+    """A 2-step recipe file over a tiny saved source and `data`, its run in `tmp_path / "run"`."""
+    from tests.helpers.models import save_tiny_source
+
+    source = save_tiny_source(tmp_path / "source")
+    config = tmp_path / "r.yaml"
+    config.write_text(f"""
+name: tiny
+model: {{source: "{source}", dtype: float32}}
+convert: {{target: gsa, options: {{num_slots: 8}}}}
+data: {{path: "{data}", seq_len: 32, held_out: 4}}
+train: {{lr: 3.0e-3, warmup_steps: 0, tokens_per_step: 64, micro_batch_size: 2, max_steps: 2, mixed_precision: "no"}}
+checkpoint: {{dir: "{tmp_path / 'run'}"}}
+logging: {{plot: false}}
+""")
+    return config
+
+
 # --- rows that are not text, deep in a file ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad, said", [
@@ -232,23 +250,12 @@ def test_a_row_that_is_not_text_deep_in_a_file_is_refused_before_training(tmp_pa
     """Line 1,990 of 2,000, past the 100 documents read first: before, `--dry-run` passed and the run stopped
     there mid-training (wherever the shuffle put it), after hours of steps on a real corpus."""
     from t2r.cli import main
-    from tests.helpers.models import save_tiny_source
 
     rows = [json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog"}).encode() for i in range(2000)]
     rows[1989] = bad
     data = tmp_path / "deep.jsonl"
     data.write_bytes(b"\n".join(rows) + b"\n")
-    source = save_tiny_source(tmp_path / "source")
-    config = tmp_path / "r.yaml"
-    config.write_text(f"""
-name: deep
-model: {{source: "{source}", dtype: float32}}
-convert: {{target: gsa, options: {{num_slots: 8}}}}
-data: {{path: "{data}", seq_len: 32, held_out: 4}}
-train: {{lr: 3.0e-3, warmup_steps: 0, tokens_per_step: 64, micro_batch_size: 2, max_steps: 2, mixed_precision: "no"}}
-checkpoint: {{dir: "{tmp_path / 'run'}"}}
-logging: {{plot: false}}
-""")
+    config = recipe_file(tmp_path, data)
     capsys.readouterr()
     assert main(["finetune", "--config", str(config), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -271,3 +278,50 @@ def test_a_data_directory_says_which_files_are_read(tmp_path):
         f"data: 2 files read from {tmp_path / 'data'}: a.jsonl, more/b.jsonl (not read, not data files: notes.md)")
     assert data_notes(DataConfig(path=str(tmp_path / "data" / "*.jsonl"))).endswith(": a.jsonl")
     assert data_notes(DataConfig(path=str(tmp_path / "data" / "a.jsonl"))) is None  # one file: said by the recipe
+
+
+# --- numbers ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override", [
+    "train.tokens_per_step=1e30",  # before: OverflowError traceback once training started
+    "train.trainable=lora lora.r=1e30",  # before: a C++ traceback from torch
+    "train.trainable=lora lora.alpha=1e30",  # before: every step skipped, final/ untrained with exit code 0
+    "train.seed=1e30",  # before: "Seed must be between 0 and 2**32 - 1", naming no setting
+    "train.warmup_steps=1e30",  # before: trained at lr 1.8e-32 without a word
+    "data.max_documents=1e30",  # before: "Stop argument for islice() must be None or an integer ..."
+    "data.shuffle_buffer=1e30",  # before: "Python int too large to convert to C long"
+    "eval.seed=1e30", "eval.bench_repeats=1e30", "eval.windows=[1e30]", "eval.bench_contexts=[1e30]",
+])
+def test_a_number_past_its_bound_is_refused_with_the_recipe(override):
+    from t2r.train.fields import RecipeError
+    from tests.helpers.recipes import make_recipe
+
+    *rest, last = override.split()
+    with pytest.raises(RecipeError, match=rf"^{re.escape(last.split('=')[0])}: must be <= \d+, got 1e\+30$"):
+        make_recipe(*rest, last, check_files=False)
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--data-documents", "--bench-decode-tokens", "--bench-repeats", "--sinks"])
+def test_a_number_past_its_bound_is_refused_as_a_flag(flag, tmp_path, capsys):
+    """Before: `--seed 1e30` failed after loading with "Overflow when unpacking long long"; `--data-documents`
+    with islice's words; `--bench-decode-tokens` and `--bench-repeats` ran until killed. (A model that does not
+    exist: accepted, the flag would fail only there.)"""
+    from t2r.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--model", str(tmp_path / "absent"), "--out", str(tmp_path / "eval"), flag, "1e30"])
+    assert stop.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_a_run_that_ends_on_skipped_steps_writes_no_final_model(tmp_path, capsys):
+    """train.lr=1e30 on a 2-step run: every update after the first was non-finite and skipped, fewer than
+    max_nonfinite_steps; before, final/ was written and the command exited 0."""
+    from t2r.cli import main
+    from tests.helpers.recipes import write_corpus
+
+    config = recipe_file(tmp_path, write_corpus(tmp_path / "train.jsonl"))
+    assert main(["finetune", "--config", str(config), "train.lr=1e30", "train.max_steps=4"]) == 1
+    assert "step 4: the run ended on a non-finite step (its update skipped; 3 skipped in all), so final/ was not " \
+           "written" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "final").exists()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from t2r.dtypes import DTYPE_NAMES
-from t2r.settings import check_settings, setting
+from t2r.settings import COUNT_MAX, LENGTH_MAX, SEED_MAX, STEPS_MAX, check_settings, setting
 
 BUILTIN_SUITES = ("ppl", "kl", "mqar", "passkey", "bench")
 DEFAULT_SUITES = ("ppl", "mqar", "passkey")
@@ -65,9 +65,11 @@ class EvalSettings:
                                       "documents per task, and every suite shrunk to about two minutes on 2 CPU "
                                       "cores for a 135M model (rows and passkey prompts of at most 512 tokens, one "
                                       "window baseline and the memory-matched one, two MQAR cells, one passkey "
-                                      "depth: the needle farthest back); the report lists the cuts", "what", min=1)
-    batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what", min=1)
-    seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what")
+                                      "depth: the needle farthest back); the report lists the cuts", "what", min=1,
+                                max=STEPS_MAX)
+    batch_size: int = setting(1, "rows per forward (perplexity, recall, lm-eval)", "what", min=1, max=COUNT_MAX)
+    seed: int = setting(0, "seed of the held-out sample, the recall prompts, lm-eval and the bench ids", "what",
+                        min=0, max=SEED_MAX)
     device: str | None = setting(None, "cpu, cuda, cuda:1 ...", "what", default_text="cuda if available")
     dtype: str = setting("auto", "dtype both models are scored in; auto: float32 on CPU, bfloat16 on GPUs", "what",
                          choices=EVAL_DTYPES)
@@ -80,36 +82,40 @@ class EvalSettings:
               "by commas (A,B: each scored and judged against the windows on its own, e.g. the training corpus's "
               f"held-out part and text of another domain); in a recipe, '{HELD_OUT}': the recipe's held-out "
               "documents", "ppl", default_text="generated long documents")
-    data_documents: int = setting(256, "how many held-out documents to read from --data", "ppl", min=1)
+    data_documents: int = setting(256, "how many held-out documents to read from --data", "ppl", min=1,
+                                  max=LENGTH_MAX)
     text_field: str = setting("text", "the JSON field holding the text in --data", "ppl")
-    ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl", min=2)  # 1: nothing to predict
-    ppl_rows: int = setting(16, "perplexity rows", "ppl", min=1)
+    ppl_length: int = setting(2048, "tokens per perplexity row (e.g. 2K)", "ppl", min=2,  # 1: nothing to predict
+                              max=LENGTH_MAX)
+    ppl_rows: int = setting(16, "perplexity rows", "ppl", min=1, max=LENGTH_MAX)
     pack: bool = setting(False, "join documents end to end (EOS between) instead of using documents at least "
                                 "--ppl-length long", "ppl")
     windows: list[int] = setting(list(FRONTIER_WINDOWS),
                                  "window baselines: the baseline restricted to its last W tokens (plus the sinks); "
                                  "scored on perplexity and recall, they draw the window frontier (frontier.png)",
-                                 "ppl", min=1)
-    sinks: int = setting(4, "sink tokens (the sequence's first) kept by each window baseline", "ppl", min=0)
+                                 "ppl", min=1, max=LENGTH_MAX)
+    sinks: int = setting(4, "sink tokens (the sequence's first) kept by each window baseline", "ppl", min=0,
+                         max=COUNT_MAX)
 
     mqar_pairs: list[int] = setting([8, 32, 64], "MQAR: key-value pairs per prompt, one cell each", "recall",
-                                      min=1)
-    mqar_prompts: int = setting(8, "MQAR: prompts per cell", "recall", min=1)
+                                      min=1, max=COUNT_MAX)
+    mqar_prompts: int = setting(8, "MQAR: prompts per cell", "recall", min=1, max=COUNT_MAX)
     passkey_lengths: list[int] = setting([512, 1024, 2048, 4096], "passkey: prompt lengths in tokens", "recall",
-                                           min=1)
+                                           min=1, max=LENGTH_MAX)
     passkey_depths: list[float] = setting([0.0, 0.25, 0.5, 0.75, 1.0],
                                           "passkey: needle depths (0: start, 1: end)", "recall", min=0, max=1)
-    passkey_prompts: int = setting(2, "passkey: prompts per (length, depth) cell", "recall", min=1)
+    passkey_prompts: int = setting(2, "passkey: prompts per (length, depth) cell", "recall", min=1, max=COUNT_MAX)
 
     lm_eval_max_length: int = setting(2048, "lm-eval max_length (the same for both models)", "lm-eval",
-                                       min=1)
+                                       min=1, max=LENGTH_MAX)
     lm_eval_limit: int | None = setting(None, "lm-eval documents per task (per subtask of a group)", "lm-eval",
-                                        default_text="all", min=1)
+                                        default_text="all", min=1, max=STEPS_MAX)
 
-    bench_contexts: list[int] = setting([512, 1024, 2048], "context lengths, e.g. 1K,2K,8K", "bench", min=1)
-    bench_batch_sizes: list[int] = setting([1], "batch sizes, e.g. 1,16,64", "bench", min=1)
-    bench_decode_tokens: int = setting(16, "decode steps per cell", "bench", min=1)
-    bench_repeats: int = setting(3, "timed repeats per cell, after one warm-up run", "bench", min=1)
+    bench_contexts: list[int] = setting([512, 1024, 2048], "context lengths, e.g. 1K,2K,8K", "bench", min=1,
+                                        max=LENGTH_MAX)
+    bench_batch_sizes: list[int] = setting([1], "batch sizes, e.g. 1,16,64", "bench", min=1, max=COUNT_MAX)
+    bench_decode_tokens: int = setting(16, "decode steps per cell", "bench", min=1, max=LENGTH_MAX)
+    bench_repeats: int = setting(3, "timed repeats per cell, after one warm-up run", "bench", min=1, max=1000)
     bench_decode: str = setting(
         "eager", "eager: the model's own cache through its forward (what generate() does); static: static "
                  "buffers, a CUDA graph per step for converted fixed-state models and a compiled StaticCache "

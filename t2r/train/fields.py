@@ -126,7 +126,8 @@ def check_rules(value, rules: dict, path: str) -> None:
                               f"{suggest(str(item), choices, list_all=False)}")
         for key, (ok, word) in BOUNDS.items():
             if key in rules and not ok(item, rules[key]):
-                raise RecipeError(f"{path}: must be {word} {rules[key]}, got {item!r}")
+                shown = f"{item:g}" if isinstance(item, int) and abs(item) > 1e15 else repr(item)  # 1e30, not 31 digits
+                raise RecipeError(f"{path}: must be {word} {rules[key]}, got {shown}")
 
 
 def recipe_fields(cls) -> list:

@@ -26,7 +26,7 @@ from t2r.sources import load_tokenizer
 from . import checkpoint, logs
 from .batches import heldout_loss
 from .checks import check_positions
-from .errors import CollapseError
+from .errors import CollapseError, NonFiniteError
 from .export import save_final
 from .guard import collapsed_model
 from .model_setup import from_main_process
@@ -153,6 +153,12 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
         if collapsed:
             raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
                                 f"again (--overwrite); the checkpoints in {root} hold the weights as trained")
+    if metrics.get("skipped"):  # fewer than max_nonfinite_steps in a row stop nothing, but the run ended on them
+        raise NonFiniteError(f"step {step}: the run ended on a non-finite step (its update skipped; "
+                             f"{state['skipped_steps']} skipped in all), so final/ was not written; the weights are "
+                             "those of the last step that updated them. Lower the learning rate and start again "
+                             f"(--overwrite), or check the data and the weights' dtype; the checkpoints in {root} "
+                             "hold the weights as trained")
     accelerator.wait_for_everyone()
     out = save_final(accelerator, model, tokenizer, root, lambda d: (
         _provenance(d, state, write_recipe),

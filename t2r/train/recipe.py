@@ -21,6 +21,7 @@ from t2r.convert.settings import ConvertSettings
 from t2r.data.config import DataConfig
 from t2r.dtypes import DTYPE_NAMES
 from t2r.eval.settings import EvalSettings
+from t2r.settings import COUNT_MAX, LENGTH_MAX, SEED_MAX, STEPS_MAX, TOKENS_MAX
 
 from . import strict_yaml
 from .checks import TEACHER_LOSSES, check_recipe, find_stage, stages_from_sections
@@ -57,9 +58,10 @@ class DataSection(DataConfig):
     seq_len: int = 2048
     document_boundaries: bool = True  # reset the state / mask attention at document starts
     RULES: ClassVar[dict] = {
-        "path": {"nonempty": True}, "held_out": {"min": 0}, "shuffle_buffer": {"min": 0},
-        "max_documents": {"min": 1}, "max_skipped": {"min": 0, "max": 1},
-        "seq_len": {"min": 2},  # one token per row leaves nothing to predict
+        "path": {"nonempty": True}, "held_out": {"min": 0, "max": STEPS_MAX},
+        "shuffle_buffer": {"min": 0, "max": LENGTH_MAX},
+        "max_documents": {"min": 1, "max": STEPS_MAX}, "max_skipped": {"min": 0, "max": 1},
+        "seq_len": {"min": 2, "max": LENGTH_MAX},  # one token per row leaves nothing to predict
     }
 
     def data_config(self) -> DataConfig:
@@ -93,12 +95,13 @@ class TrainSection:
     """Regional compilation of the student and the teacher (`t2r.models.compilation`: each decoder layer through
     torch.compile, one graph shared by the layers): faster steps after a first step that compiles."""
     RULES: ClassVar[dict] = {
-        "tokens_per_step": {"min": 1}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
-        "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},
-        "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1},
-        "max_steps": {"min": 1}, "max_tokens": {"min": 1}, "seed": {"min": 0},
-        "mixed_precision": {"choices": MIXED_PRECISION}, "trainable": {"choices": TRAINABLE},
-        "max_nonfinite_steps": {"min": 1}, "max_collapsed_steps": {"min": 1},
+        "tokens_per_step": {"min": 1, "max": STEPS_MAX}, "lr": {"gt": 0}, "min_lr_ratio": {"min": 0, "max": 1},
+        "warmup_steps": {"min": 0, "max": STEPS_MAX}, "schedule": {"choices": SCHEDULES}, "weight_decay": {"min": 0},
+        "betas": {"min": 0, "lt": 1}, "grad_clip": {"gt": 0}, "micro_batch_size": {"min": 1, "max": COUNT_MAX},
+        "max_steps": {"min": 1, "max": STEPS_MAX}, "max_tokens": {"min": 1, "max": TOKENS_MAX},
+        "seed": {"min": 0, "max": SEED_MAX}, "mixed_precision": {"choices": MIXED_PRECISION},
+        "trainable": {"choices": TRAINABLE}, "max_nonfinite_steps": {"min": 1, "max": STEPS_MAX},
+        "max_collapsed_steps": {"min": 1, "max": STEPS_MAX},
     }
 
     @property
@@ -114,7 +117,8 @@ class LoraSection:
     target_modules: list[str] | None = None
     """Modules that get adapters; default: the attention projections the source has (q_proj, k_proj, v_proj,
     o_proj, or Phi-3's fused qkv_proj)."""
-    RULES: ClassVar[dict] = {"r": {"min": 1}, "alpha": {"min": 1}, "dropout": {"min": 0, "lt": 1},
+    RULES: ClassVar[dict] = {"r": {"min": 1, "max": COUNT_MAX}, "alpha": {"min": 1, "max": COUNT_MAX},
+                             "dropout": {"min": 0, "lt": 1},
                              "target_modules": {"nonempty": True}}
 
 
@@ -135,9 +139,10 @@ class StageSection:
     micro_batch_size: int | None = None
     temperature: float = 1.0  # of the kl loss
     RULES: ClassVar[dict] = {
-        "name": {"nonempty": True}, "steps": {"min": 1}, "tokens": {"min": 1}, "lr": {"gt": 0},
-        "warmup_steps": {"min": 0}, "schedule": {"choices": SCHEDULES}, "min_lr_ratio": {"min": 0, "max": 1},
-        "trainable": {"choices": TRAINABLE}, "seq_len": {"min": 2}, "micro_batch_size": {"min": 1},
+        "name": {"nonempty": True}, "steps": {"min": 1, "max": STEPS_MAX}, "tokens": {"min": 1, "max": TOKENS_MAX},
+        "lr": {"gt": 0}, "warmup_steps": {"min": 0, "max": STEPS_MAX}, "schedule": {"choices": SCHEDULES},
+        "min_lr_ratio": {"min": 0, "max": 1}, "trainable": {"choices": TRAINABLE},
+        "seq_len": {"min": 2, "max": LENGTH_MAX}, "micro_batch_size": {"min": 1, "max": COUNT_MAX},
         "temperature": {"gt": 0},
     }
 
@@ -150,7 +155,8 @@ class CheckpointSection:
     dir: str = "runs/{name}"  # {name} is replaced by the recipe name
     every_steps: int = 500
     keep_last: int = 2  # 0: only the newest while training, none once final/ is written (no --resume after)
-    RULES: ClassVar[dict] = {"dir": {"nonempty": True}, "every_steps": {"min": 1}, "keep_last": {"min": 0}}
+    RULES: ClassVar[dict] = {"dir": {"nonempty": True}, "every_steps": {"min": 1, "max": STEPS_MAX},
+                             "keep_last": {"min": 0, "max": STEPS_MAX}}
 
 
 @dataclass
@@ -158,7 +164,7 @@ class LoggingSection:
     every_steps: int = 10
     trackers: list[str] = field(default_factory=list)
     plot: bool = True  # write loss / lr curves as PNG next to the checkpoints
-    RULES: ClassVar[dict] = {"every_steps": {"min": 1}, "trackers": {"choices": TRACKERS}}
+    RULES: ClassVar[dict] = {"every_steps": {"min": 1, "max": STEPS_MAX}, "trackers": {"choices": TRACKERS}}
 
 
 @dataclass

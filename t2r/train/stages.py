@@ -209,7 +209,9 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer,
     params = stepped_parameters(model, optimizer)
     n_train, n_total = sum(p.numel() for p in params), trainable_parameters(unwrapped)[1]
     accelerator.print(f"stage {i + 1}/{len(recipe.stage_list)} {stage.name}: {counted(steps, 'step')} from step "
-                      f"{state['step'] - first}, lr {stage.lr:g} ({stage.schedule}, warmup {stage.warmup_steps}), loss "
+                      f"{state['step'] - first}, lr {stage.lr:g} ({stage.schedule}, warmup {stage.warmup_steps}"
+                      + (f", longer than the stage: its lr peaks at {stage.lr * steps / stage.warmup_steps:.3g}"
+                         if stage.warmup_steps > steps else "") + "), loss "
                       + " + ".join(f"{w:g} {n}" for n, w in stage.loss.items() if w)
                       + f"; training {n_train:,} of {n_total:,} parameters ({stage.trainable}); "
                       f"{counted(accelerator.gradient_accumulation_steps, 'micro-batch')} of {stage.micro_batch_size} "
