@@ -315,13 +315,36 @@ def test_a_number_past_its_bound_is_refused_as_a_flag(flag, tmp_path, capsys):
 
 
 def test_a_run_that_ends_on_skipped_steps_writes_no_final_model(tmp_path, capsys):
-    """train.lr=1e30 on a 2-step run: every update after the first was non-finite and skipped, fewer than
-    max_nonfinite_steps; before, final/ was written and the command exited 0."""
+    """train.lr=1e30 on a 4-step run: every update after the first was non-finite and skipped, fewer than
+    max_nonfinite_steps; before, final/ was written and the command exited 0 (the held-out loss of the tiny random
+    model stays near its uniform guess, so it cannot tell)."""
     from t2r.cli import main
     from tests.helpers.recipes import write_corpus
 
     config = recipe_file(tmp_path, write_corpus(tmp_path / "train.jsonl"))
     assert main(["finetune", "--config", str(config), "train.lr=1e30", "train.max_steps=4"]) == 1
-    assert "step 4: the run ended on a non-finite step (its update skipped; 3 skipped in all), so final/ was not " \
-           "written" in capsys.readouterr().err
+    assert ("step 4: the run ended on 3 non-finite steps in a row (updates skipped; 3 in all), so final/ was not "
+            "written") in capsys.readouterr().err
     assert not (tmp_path / "run" / "final").exists()
+
+
+@pytest.mark.parametrize("held_out", [4, 0])
+def test_a_spike_at_the_last_step_keeps_the_final_model_its_held_out_loss_vouches_for(tmp_path, source_dir, corpus,
+                                                                                      monkeypatch, held_out):
+    """One non-finite step, the last: its update is skipped and final/ is written with the weights before it,
+    whose held-out loss is measured (a long run is not lost to one spike); with nothing held out, nothing vouches
+    for them: no final/, the checkpoints kept."""
+    from t2r.train import finetune
+    from t2r.train.errors import NonFiniteError
+    from tests.helpers.recipes import recipe
+    from tests.train.test_nonfinite import inject_nan
+
+    tiny = recipe(tmp_path, source_dir, corpus, **{"train.max_steps": 4, "data.held_out": held_out})
+    inject_nan(monkeypatch, {4})
+    if held_out:
+        finetune(tiny)
+        assert json.loads((tmp_path / "run" / "final" / "trained.json").read_text())["skipped_steps"] == 1
+    else:
+        with pytest.raises(NonFiniteError, match="step 4: the run ended on a non-finite step, and no held-out data"):
+            finetune(tiny)
+        assert not (tmp_path / "run" / "final").exists() and list((tmp_path / "run").glob("step-*"))

@@ -145,20 +145,30 @@ def _finish(recipe, accelerator, model, tokenizer, state: dict, metrics: dict, h
     require_finite(model, accelerator, step, root)
     final = dict(metrics)
     final["skipped_steps"] = state["skipped_steps"]
+    kept = f"the checkpoints in {root} hold the weights as trained (t2r export RUN_DIR makes a model of one)"
     if recipe.data.held_out:
         final["validation_loss"] = heldout_loss(model, recipe, tokenizer, accelerator.device, rank, world)
         final["validation_ppl"] = math.exp(min(final["validation_loss"], 50))
+        if not math.isfinite(final["validation_loss"]):  # finite weights whose forward overflows (train.lr=1e30)
+            raise NonFiniteError(f"step {step}: the held-out loss is {final['validation_loss']} "
+                                 f"({state['skipped_steps']} steps skipped in all), so final/ was not written. Lower "
+                                 f"the learning rate and start again (--overwrite); {kept}")
         collapsed = collapsed_model(final["validation_loss"], vocab_size(accelerator.unwrap_model(model)),
                                     list(state.get("loss_watch", {}).values()), state.get("held_out_start"))
         if collapsed:
             raise CollapseError(f"step {step}: {collapsed}; final/ was not written. Lower the learning rate and start "
-                                f"again (--overwrite); the checkpoints in {root} hold the weights as trained")
-    if metrics.get("skipped"):  # fewer than max_nonfinite_steps in a row stop nothing, but the run ended on them
-        raise NonFiniteError(f"step {step}: the run ended on a non-finite step (its update skipped; "
-                             f"{state['skipped_steps']} skipped in all), so final/ was not written; the weights are "
-                             "those of the last step that updated them. Lower the learning rate and start again "
-                             f"(--overwrite), or check the data and the weights' dtype; the checkpoints in {root} "
-                             "hold the weights as trained")
+                                f"again (--overwrite); {kept}")
+    # fewer than train.max_nonfinite_steps in a row stop nothing, but a run may end on them: one skipped last step
+    # (a spike) keeps the weights of the update before it, which the held-out loss above vouches for; several in a
+    # row (train.lr=1e30: every update after the first overflows its gradients), or one with nothing held out to
+    # vouch for them, write no final/
+    streak = state.get("skipped_in_row", 0)
+    if streak > 1 or (streak == 1 and "validation_loss" not in final):
+        why = (f"on {streak} non-finite steps in a row" if streak > 1 else
+               "on a non-finite step, and no held-out data (data.held_out) shows the weights before it still work")
+        raise NonFiniteError(f"step {step}: the run ended {why} (updates skipped; {state['skipped_steps']} in all), "
+                             "so final/ was not written. Lower the learning rate and start again (--overwrite), or "
+                             f"check the data and the weights' dtype; {kept}")
     accelerator.wait_for_everyone()
     out = save_final(accelerator, model, tokenizer, root, lambda d: (
         _provenance(d, state, write_recipe),

@@ -158,7 +158,8 @@ class StepLoop:
         metrics = self.metrics(window, update)
         self.window = Window()  # the next step's time runs from here
         self.log(metrics)
-        self.state.update(step=self.step, tokens=self.tokens, skipped_steps=self.guard.total)
+        self.state.update(step=self.step, tokens=self.tokens, skipped_steps=self.guard.total,
+                          skipped_in_row=self.guard.in_row)
         if self.run.stage is not None:
             self.state["stage_step"] = self.step - self.run.first
         saved = self.checkpoint()
