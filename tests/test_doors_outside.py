@@ -348,3 +348,18 @@ def test_a_spike_at_the_last_step_keeps_the_final_model_its_held_out_loss_vouche
         with pytest.raises(NonFiniteError, match="step 4: the run ended on a non-finite step, and no held-out data"):
             finetune(tiny)
         assert not (tmp_path / "run" / "final").exists() and list((tmp_path / "run").glob("step-*"))
+
+
+def test_overrides_may_follow_the_flags(tmp_path, capsys):
+    """`t2r finetune --config R --dry-run train.max_steps=7` (before: "unrecognized arguments"); an unknown flag
+    is still argparse's one-line error."""
+    from t2r.cli import main
+    from tests.helpers.recipes import write_corpus
+
+    config = recipe_file(tmp_path, write_corpus(tmp_path / "train.jsonl"))
+    assert main(["finetune", "--config", str(config), "--dry-run", "train.max_steps=7", "train.lr=2e-3"]) == 0
+    out = capsys.readouterr().out
+    assert "max_steps: 7" in out and "lr: 0.002" in out
+    with pytest.raises(SystemExit) as stop:
+        main(["finetune", "--config", str(config), "--dry-run", "--no-such-flag"])
+    assert stop.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

@@ -33,8 +33,21 @@ def _as_note(show):
     return showwarning
 
 
+def parse(argv: list[str] | None):
+    """The command line; `section.field=value` overrides may also follow the flags (`finetune --config R --resume
+    train.max_steps=7`), where argparse alone stops taking positionals."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "overrides", None) is not None and all(
+            "=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.parse_args(argv)  # argparse's own one-line error for what it does not know
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     threads.choose()  # before torch loads: no more CPU threads than the machine has free
     warnings.showwarning = _as_note(warnings.showwarning)
     handlers = {"convert": run_convert, "finetune": run_finetune, "run": run_run, "generate": run_generate,
