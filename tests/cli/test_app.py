@@ -53,7 +53,8 @@ def test_a_missing_local_path_is_named_at_once(tmp_path, args, path):
     (models/nope has the form owner/name, but models/ is a local directory here)."""
     (tmp_path / "models").mkdir()
     done, seconds = t2r_command(args, tmp_path)
-    assert done.returncode == 2 and seconds < 5, (done.stderr, seconds)
+    # ~1-3 s idle (a torch import); a busy machine gets twice the time (5.2 s seen beside a test run on 2 cores)
+    assert done.returncode == 2 and seconds < 5 * (1 + (os.getloadavg()[0] > 2)), (done.stderr, seconds)
     assert done.stderr.strip() == (f"t2r {args[0]}: error: not found: {path} (no such file or directory in "
                                    f"{os.path.realpath(tmp_path)}; a hub id has the form owner/name)")
 
