@@ -24,7 +24,9 @@ def _free_threads() -> int:
 
     if "OMP_NUM_THREADS" in os.environ or not hasattr(os, "getloadavg"):
         return torch.get_num_threads()
-    return min(torch.get_num_threads(), free_threads(os.getloadavg()[0], cpus(), physical_cores(cpus())))
+    threads = min(torch.get_num_threads(), free_threads(os.getloadavg()[0], cpus(), physical_cores(cpus())))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))  # pytest-xdist's workers share the cores
+    return max(1, threads // workers)
 
 
 torch.set_num_threads(_free_threads())
