@@ -36,12 +36,8 @@ def _find_varlen():
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
-# looked up once, at import: a cached function called from compiled layers made dynamo warn on every graph
+# looked up once, at import: a cached lookup function called from compiled layers made dynamo warn on every graph
 _VARLEN = _find_varlen()
-
-
-def _varlen():
-    return _VARLEN
 
 
 def reference_packed_attention(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:
@@ -59,7 +55,7 @@ def reference_packed_attention(q, k, v, cu_seqlens, scale: float) -> torch.Tenso
 def can_run(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the varlen kernels take queries of this device and dtype (CUDA, bf16 / fp16, a torch that has
     them)."""
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _VARLEN is not None
 
 
 def packed_causal_attention(q, k, v, cu_seqlens, max_length: int, scale: float) -> torch.Tensor:
@@ -67,7 +63,7 @@ def packed_causal_attention(q, k, v, cu_seqlens, max_length: int, scale: float) 
     cu_seqlens `[docs + 1]` (int, starts then N), max_length the longest document -> `[N, HQ, D]`."""
     if not can_run(q.device, q.dtype):
         return reference_packed_attention(q, k, v, cu_seqlens, scale)
-    varlen_attn, params = _varlen()
+    varlen_attn, params = _VARLEN
     kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if "scale" in params:
         kwargs["scale"] = scale

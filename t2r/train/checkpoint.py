@@ -107,7 +107,7 @@ def save(accelerator, root: str | os.PathLike, state: dict, write_extra: Callabl
 
 def _agree_on_the_write(accelerator, failed: Exception | None, tmp: Path, what: str, kept: str) -> None:
     """After each process wrote its part of `tmp`: `failed` (this process's error) raised here, and on the others
-    a one-line CheckpointError naming the first process that failed, so that no process goes on to wait for one
+    a one-line RunError naming the first process that failed, so that no process goes on to wait for one
     that stopped (on NCCL it would wait until the launcher's grace ran out) and each says why it ends."""
     if accelerator.num_processes == 1:
         if failed is not None:
@@ -124,7 +124,7 @@ def _agree_on_the_write(accelerator, failed: Exception | None, tmp: Path, what: 
     if first.item() < world:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RunError(f"process {first.item()} could not write its part of {what} (its own line says why); "
-                              f"{kept}; the half-written copy is removed")
+                       f"{kept}; the half-written copy is removed")
 
 
 def prune(root: Path, keep_last: int, current: Path) -> None:
