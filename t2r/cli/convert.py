@@ -48,10 +48,13 @@ def run_convert(args) -> int:
                                data=DataConfig(path=settings.data) if settings.data else None,
                                rows=settings.calibration_rows, length=settings.calibration_length,
                                ranking_dir=ranking_dir, source=args.model, copy=False, rank_by=settings.rank_by,
-                               rank_sweep=settings.rank_sweep, **settings.options)
+                               rank_sweep=settings.rank_sweep, kept_window=settings.kept_window,
+                               **settings.options)
     if auto_softmax_count(settings.layers) is not None:
-        converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax"]
-        print(f"{settings.layers}: converting layers {converted}; ranking in {ranking_dir.name}/")
+        bounded = sorted(int(k) for k in model.config.t2r_layer_options or {})
+        converted = [i for i, mixer in enumerate(model.config.t2r_mixers) if mixer != "softmax" and i not in bounded]
+        kept = f", the kept layers {bounded} with window {settings.kept_window}" if bounded else ""
+        print(f"{settings.layers}: converting layers {converted}{kept}; ranking in {ranking_dir.name}/")
     print(conversion_report(source, model))
     save_converted(model, tokenizer, out, source=args.model, target=settings.target, converted_by="t2r convert",
                    made_by=" ".join(["t2r", *sys.argv[1:]]), started=True)  # the ranking, already in tmp, stays

@@ -12,7 +12,8 @@ from dataclasses import fields
 from t2r.cli.flags import add_setting_flag, kind
 
 CONVERT_COMMAND_SETTINGS = {
-    "convert": ("target", "layers", "init", "data", "calibration_rows", "calibration_length", "rank_by", "rank_sweep"),
+    "convert": ("target", "layers", "kept_window", "init", "data", "calibration_rows", "calibration_length", "rank_by",
+                "rank_sweep"),
     "rank-layers": ("target", "data", "calibration_rows", "calibration_length", "rank_by", "rank_sweep"),
 }
 """The `ConvertSettings` fields each command takes a flag for, in --help order (the mixer options follow)."""

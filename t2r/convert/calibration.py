@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from t2r.convert.conversion import convert
-from t2r.convert.layer_spec import auto_softmax_count
+from t2r.convert.layer_spec import auto_softmax_count, parse_layers
 from t2r.convert.lookback import attention_lookback
 from t2r.convert.sensitivity import LayerRanking, rank_layers
 from t2r.convert.settings import CONVERT_DEFAULTS, ConvertSettings
@@ -99,7 +99,7 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=CONVERT_DEFAULTS
                        init: str = CONVERT_DEFAULTS["init"], data: DataConfig | None = None, rows: int = ROWS,
                        length: int = LENGTH, ranking_dir: str | Path | None = None, measure: Callable | None = None,
                        source: str | None = None, copy: bool = True, rank_by: str = RANK_BY,
-                       rank_sweep: str = RANK_SWEEP, **options):
+                       rank_sweep: str = RANK_SWEEP, kept_window: int | None = None, **options):
     """`convert(model, target, ...)` after measuring on `model` (the source) what the settings ask for; the
     keyword defaults are those of `t2r.convert.settings.ConvertSettings`, which checks them.
 
@@ -111,10 +111,12 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=CONVERT_DEFAULTS
         data, rows, length: the text measured on (`calibration_rows`).
         measure: runs each measurement, `measure(fn) -> fn()` (default: right here). Training passes one that
             measures on the main process only and sends the result to the others.
+        kept_window: the layers `layers` leaves softmax are converted too, with this window (and the options'
+            sinks) beside the target's state, so the model's memory is constant (`bounded_layers`).
         source, copy, **options: as for `convert` (the options also apply to the ranking's one-layer conversions).
     """
-    ConvertSettings(target, rank_by=rank_by, rank_sweep=rank_sweep, init=init, calibration_rows=rows,
-                    calibration_length=length)  # a ValueError names a bad one, before anything is measured
+    ConvertSettings(target, layers=layers, rank_by=rank_by, rank_sweep=rank_sweep, init=init, calibration_rows=rows,
+                    calibration_length=length, kept_window=kept_window)  # a ValueError names a bad one, first
     if init == "teacher" and not get_mixer(target).teacher_init:  # refused before anything is measured
         raise ValueError(teacher_init_refusal(target))
     measure = measure or (lambda fn: fn())
@@ -122,4 +124,15 @@ def calibrated_convert(model, tokenizer, target: str, *, layers=CONVERT_DEFAULTS
                                                out_dir=ranking_dir, rank_by=rank_by, rank_sweep=rank_sweep,
                                                **options))
     lookback = measure(lambda: teacher_lookback(model, tokenizer, data, rows, length)) if init == "teacher" else None
-    return convert(model, target, layers=converted, source=source, lookback=lookback, copy=copy, **options)
+    converted, layer_options = bounded_layers(converted, model.config.num_hidden_layers, kept_window)
+    return convert(model, target, layers=converted, source=source, lookback=lookback, copy=copy,
+                   layer_options=layer_options, **options)
+
+
+def bounded_layers(converted, num_layers: int, kept_window: int | None) -> tuple[object, dict | None]:
+    """(layers, layer_options) for `convert`: `converted` unchanged without `kept_window`; with it, every layer,
+    those `converted` leaves softmax given `{"window": kept_window}` of their own."""
+    if kept_window is None:
+        return converted, None
+    kept = sorted(set(range(num_layers)) - set(parse_layers(converted, num_layers)))
+    return None, {index: {"window": kept_window} for index in kept}

@@ -48,8 +48,10 @@ def check_convertible(config) -> None:
         raise ValueError(f"head_dim={head_dim} must be even for rotary embeddings")
 
 
-def t2r_config(config, target: str, layers=None, source: str | None = None, **options):
-    """The converted config for a source config: same fields, plus which layers run which mixer."""
+def t2r_config(config, target: str, layers=None, source: str | None = None, layer_options: dict | None = None,
+               **options):
+    """The converted config for a source config: same fields, plus which layers run which mixer (and, in
+    `layer_options`, `{layer index: {option: value}}` for layers whose options differ from `options`)."""
     resolved = resolve_options(target, **options)  # an unknown target or option fails here, first
     check_convertible(config)
     converted = set(parse_layers(layers, config.num_hidden_layers))
@@ -59,6 +61,7 @@ def t2r_config(config, target: str, layers=None, source: str | None = None, **op
         layer_types=adapter.layer_types(config),
         t2r_mixers=[target if i in converted else "softmax" for i in range(config.num_hidden_layers)],
         t2r_options={target: resolved.to_dict()},
+        t2r_layer_options={str(k): dict(v) for k, v in (layer_options or {}).items()} or None,
         t2r_source=source or getattr(config, "name_or_path", None) or None,
     )
     return adapter.config_class(**fields)
@@ -112,7 +115,7 @@ def quiet_loading():
 
 
 def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | None = None,
-            lookback=None, copy: bool = True, **options) -> PreTrainedModel:
+            lookback=None, copy: bool = True, layer_options: dict | None = None, **options) -> PreTrainedModel:
     """Return a converted copy of `model` whose selected layers run `target` instead of softmax attention.
 
     Args:
@@ -126,13 +129,15 @@ def convert(model: PreTrainedModel, target: str, *, layers=None, source: str | N
         lookback: `[layers, query heads]` look-back of the source's attention (`t2r.convert.lookback`): each
             converted layer's forget gate starts at the matching decay (`init="teacher"`; targets with
             `MixerSpec.teacher_init`: gla, fox).
+        layer_options: `{layer index: {option: value}}` for converted layers whose options differ from
+            `options` (`calibrated_convert`'s `kept_window` gives the layers it keeps a longer window this way).
         copy: False reuses the source's tensors instead of copying them: the new gates are the only new memory,
             and the two models share their weights from then on (training one changes the other). For a source
             that is not used afterwards (`t2r convert`; finetuning without a teacher in the same dtype).
         **options: fields of the target's options (`t2r.MIXERS[target].options`: feature_map, rope, num_slots...).
     With `copy=True` the source model is left untouched and the result shares no storage with it.
     """
-    config = t2r_config(model.config, target, layers, source=source, **options)
+    config = t2r_config(model.config, target, layers, source=source, layer_options=layer_options, **options)
     causal_lm_class = ARCHITECTURES[model.config.model_type].causal_lm_class
     param = next(model.parameters())
     state_dict = {k: v.detach().clone() if copy else v for k, v in model.state_dict().items()}

@@ -41,6 +41,11 @@ class ConvertSettings:
         default_text="all")
     options: dict = setting({}, "fields of the target's options class (num_slots, feature_map, ...): in a recipe "
                                 "a mapping, on the command line one flag each", flag=False)
+    kept_window: int | None = setting(
+        None, "the layers `layers` leaves softmax become the target too, attending over their last N tokens (and "
+              "the target's sinks) beside its state instead of the whole context: every layer's memory is then "
+              "constant (the target needs a window option)", default_text="none: kept layers stay full softmax",
+        gt=0, max=2**20)
     rank_by: str = setting(
         "kl", "what --layers auto:N ranks by: kl (text), recall (MQAR answers), halo (recall cost over KL, HALO's "
               "retrieval/commonsense ratio) or kl+recall", choices=CRITERIA)
@@ -59,10 +64,24 @@ class ConvertSettings:
 
     def __post_init__(self):
         check_settings(self)
+        check_kept_window(self.target, self.layers, self.kept_window)
 
     def mixer_options(self):
         """The target's options (`t2r.layers.options`) with `options` applied; a ValueError names a bad one."""
         return get_mixer(self.target).resolve_options(**self.options)
+
+
+def check_kept_window(target: str, layers, kept_window: int | None) -> None:
+    """ValueError naming the fix when `kept_window` cannot apply: every layer converted, or a target without a
+    `window` option."""
+    if kept_window is None or target == BASELINE:
+        return
+    if layers is None:
+        raise ValueError(f"kept_window={kept_window} bounds the layers left softmax, but layers converts every "
+                         "layer: give layers as auto:N or a list that leaves some softmax")
+    if "window" not in get_mixer(target).options.field_names():
+        raise ValueError(f"kept_window needs a target with a window option; {target} has none "
+                         f"(choose one of {', '.join(t for t in MIXERS if 'window' in MIXERS[t].options.field_names())})")
 
 
 def help_text(meta) -> str:

@@ -31,6 +31,9 @@ class T2RConfigMixin:
     """Per layer: a registered mixer (`t2r.layers.MIXERS`) or `softmax`."""
     t2r_options: dict | None = None
     """Per target (key), its resolved options (`MixerSpec.options`) as a dict."""
+    t2r_layer_options: dict | None = None
+    """Per converted layer (key: its index as a string), option fields that differ from its target's
+    `t2r_options`: `{"7": {"window": 1024}}` (`convert.kept_window`). Absent for most models."""
     t2r_source: str | None = None
     """Where the source model came from (hub id, directory, file.gguf or `smollm2`): the default baseline of
     `t2r eval`."""
@@ -49,6 +52,7 @@ class T2RConfigMixin:
         for target in sorted(set(self.t2r_mixers) - {"softmax"}):
             saved = self.t2r_options.get(target, {})
             self.t2r_options[target] = get_mixer(target).options_from_config(saved).to_dict()
+        self.t2r_layer_options = self._checked_layer_options(self.t2r_layer_options or {}) or None
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * n
         if not get_source(self.model_type).marks_recurrent_layers:
@@ -59,9 +63,23 @@ class T2RConfigMixin:
             for mixer, layer_type in zip(self.t2r_mixers, self.layer_types)
         ]
 
+    def _checked_layer_options(self, given: dict) -> dict:
+        """`t2r_layer_options` with string keys, each naming a converted layer whose options resolve."""
+        checked = {}
+        for key, overrides in given.items():
+            index = int(key)
+            if not 0 <= index < len(self.t2r_mixers) or self.t2r_mixers[index] == "softmax":
+                raise ValueError(f"t2r_layer_options names layer {key}, which is not a converted layer")
+            target = self.t2r_mixers[index]
+            get_mixer(target).resolve_options(**{**self.t2r_options[target], **overrides})
+            checked[str(index)] = dict(overrides)
+        return checked
+
     def mixer_options(self, layer_idx: int) -> MixerOptions:
+        """The options of converted layer `layer_idx`: its target's, with the layer's own overrides."""
         target = self.t2r_mixers[layer_idx]
-        return get_mixer(target).options(**self.t2r_options[target])
+        overrides = (self.t2r_layer_options or {}).get(str(layer_idx), {})
+        return get_mixer(target).options(**{**self.t2r_options[target], **overrides})
 
     base_model_tp_plan = None  # gates and states are per kv head: tensor parallelism is not supported yet
 

@@ -25,12 +25,12 @@ def generation_memory(config, element_size: int = 2) -> tuple[int, int]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     mixers = getattr(config, "t2r_mixers", None) or ["softmax"] * config.num_hidden_layers  # a source model
     fixed = per_token = 0
-    for mixer in mixers:
+    for layer_idx, mixer in enumerate(mixers):
         if mixer == "softmax":
             per_token += 2 * kv_heads * head_dim * element_size
             continue
         spec = get_mixer(mixer)
-        options = spec.options_from_config(config.t2r_options[mixer])
+        options = config.mixer_options(layer_idx)
         layer_fixed, layer_per_token = spec.layer_class.state_bytes(options, heads, kv_heads, head_dim, element_size)
         fixed, per_token = fixed + layer_fixed, per_token + layer_per_token
     return fixed, per_token
@@ -44,10 +44,9 @@ class T2RCache(Cache):
 
     def __init__(self, config, **kwargs):
         layers = []
-        for mixer, layer_type in zip(config.t2r_mixers, config.layer_types):
+        for layer_idx, (mixer, layer_type) in enumerate(zip(config.t2r_mixers, config.layer_types)):
             if mixer != "softmax":
-                spec = get_mixer(mixer)
-                layers.append(spec.layer_class.cache_layer(spec.options_from_config(config.t2r_options[mixer])))
+                layers.append(get_mixer(mixer).layer_class.cache_layer(config.mixer_options(layer_idx)))
             elif layer_type == "sliding_attention" and getattr(config, "sliding_window", None):
                 layers.append(DynamicSlidingWindowLayer(sliding_window=config.sliding_window))
             else:

@@ -123,6 +123,8 @@ def card_text(config: dict, location: str, made_by: str, training: dict | None =
                                         if source == "smollm2" else "")),
             ("layers", f"{config.get('model_type')}, {len(mixers)} layers: {_layers(mixers)}"),
             ("target options", _options(config.get("t2r_options") or {})),
+            *([("layers' own options", _options({f"layer {k}": v for k, v in config["t2r_layer_options"].items()}))]
+              if config.get("t2r_layer_options") else []),
             ("made by", f"`{made_by}`")]
     if training is None:
         saved = config.get("t2r_options") or {}

@@ -74,7 +74,8 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
                 length=min(recipe.convert.calibration_length, recipe.data.seq_len),
                 ranking_dir=Path(recipe.checkpoint.dir) / "layer_ranking", measure=measure,
                 source=recipe.model.source, copy=wants_teacher and teacher_dtype == dtype,
-                rank_by=recipe.convert.rank_by, rank_sweep=recipe.convert.rank_sweep, **recipe.convert.options)
+                rank_by=recipe.convert.rank_by, rank_sweep=recipe.convert.rank_sweep,
+                kept_window=recipe.convert.kept_window, **recipe.convert.options)
         if wants_teacher:  # the loaded source itself serves as the teacher, no second load
             teacher = source.to(teacher_dtype).eval().requires_grad_(False)
     if recipe.train.gradient_checkpointing:

@@ -19,13 +19,15 @@ def test_the_recipe_section_is_convert_settings():
     convert = make_recipe("convert.rank_by=halo").convert
     assert isinstance(convert, ConvertSettings) and convert.rank_by == "halo"
     resolved = make_recipe().to_dict()["convert"]
-    assert set(resolved) == {"target", "layers", "options", "rank_by", "rank_sweep", "init", "calibration_rows",
-                             "calibration_length"}  # not `data`: a recipe calibrates on its own data
+    assert set(resolved) == {"target", "layers", "kept_window", "options", "rank_by", "rank_sweep", "init",
+                             "calibration_rows", "calibration_length"}  # not `data`: a recipe calibrates on its own data
     assert make_recipe("convert.calibration_rows=8").convert.calibration_rows == 8
     with pytest.raises(RecipeError, match="convert.data: a command-line setting, not a recipe field"):
         make_recipe("convert.data=text.jsonl")
     with pytest.raises(RecipeError, match="convert.calibration_length: .*<= 1048576"):
         make_recipe("convert.calibration_length=1e30")
+    with pytest.raises(RecipeError, match="kept_window=64 bounds the layers left softmax, but layers converts every"):
+        make_recipe("convert.kept_window=64")
 
 
 def test_a_recipe_calibrates_as_its_convert_section_says(tmp_path, source_dir, corpus, monkeypatch):
