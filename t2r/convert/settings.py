@@ -80,8 +80,9 @@ def check_kept_window(target: str, layers, kept_window: int | None) -> None:
         raise ValueError(f"kept_window={kept_window} bounds the layers left softmax, but layers converts every "
                          "layer: give layers as auto:N or a list that leaves some softmax")
     if "window" not in get_mixer(target).options.field_names():
+        windowed = ", ".join(t for t, spec in MIXERS.items() if "window" in spec.options.field_names())
         raise ValueError(f"kept_window needs a target with a window option; {target} has none "
-                         f"(choose one of {', '.join(t for t in MIXERS if 'window' in MIXERS[t].options.field_names())})")
+                         f"(choose one of {windowed})")
 
 
 def help_text(meta) -> str:

@@ -184,8 +184,10 @@ class ConvertedAttention(nn.Module):
 class RecurrentMixer(ConvertedAttention):
     """A mixer with a fixed-size recurrent state: subclasses implement `recur`, the op over one call's tokens.
 
-    `recur(hidden_states, q, k, v, state, output_final_state, cu_seqlens)` returns the output `[B,T,HQ,V]` and
-    the new state (a tensor, or a tuple of `num_states` tensors), kept in fp32 by the cache.
+    `recur(entry, q, k, v, state, output_final_state, cu_seqlens)` returns the output `[B,T,HQ,V]` and the new
+    state (a tensor, or a tuple of `num_states` tensors), kept in fp32 by the cache. `entry` is what `entry(x)`
+    makes of the hidden states of the tokens entering the state (by default the hidden states themselves; the
+    built-in mixers: their gates), so that a window's ring keeps that per token, not the hidden state.
     """
 
     num_states: int = 1
@@ -204,13 +206,24 @@ class RecurrentMixer(ConvertedAttention):
             keep = attention_mask[:, -q.shape[1]:, None, None].to(k.dtype)
             k, v = k * keep, v * keep
         state = past_key_values.get_state(self.layer_idx) if past_key_values is not None else None
-        o, new_state = self.recur(hidden_states, q, k, v, state, output_final_state=past_key_values is not None,
-                                  cu_seqlens=cu_seqlens)
+        o, new_state = self.recur(self.entry(hidden_states), q, k, v, state,
+                                  output_final_state=past_key_values is not None, cu_seqlens=cu_seqlens)
         if past_key_values is not None:
             past_key_values.set_state(self.layer_idx, new_state, q.shape[1])
         return o
 
-    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    def entry(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """What `recur` reads of the hidden states `[B, T, hidden]` of the tokens it takes in, per token
+        `[B, T, ...]` (or None: nothing). A per-token function: a window's ring keeps it for the tokens that
+        have not entered the state yet (`t2r.layers.window`). Default: the hidden states themselves."""
+        return hidden_states
+
+    @classmethod
+    def entry_bytes(cls, options, heads, kv_heads, head_dim, element_size) -> int:
+        """Bytes of one token's `entry`: the hidden state (`heads x head_dim` wide) unless a mixer says less."""
+        return heads * head_dim * element_size
+
+    def recur(self, entry, q, k, v, state, output_final_state, cu_seqlens):
         raise NotImplementedError
 
     @classmethod
@@ -226,12 +239,13 @@ class RecurrentMixer(ConvertedAttention):
 
     @classmethod
     def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
-        """The recurrent state, plus with a window its ring of W tokens (rotated k, v, mapped k and the hidden
-        state, counted as heads x head_dim wide) and S sinks (rotated k, v); none grows with the context."""
+        """The recurrent state, plus with a window its ring of W tokens (rotated k, v, mapped k and `entry`) and
+        S sinks (rotated k, v); none grows with the context."""
         fixed = cls.recurrent_state_bytes(options, heads, kv_heads, head_dim)
         window, sinks = getattr(options, "window", 0), getattr(options, "sinks", 0)
         kv = kv_heads * head_dim * element_size
-        fixed += window * (3 * kv + heads * head_dim * element_size + 17) + sinks * (2 * kv + 17)  # + pos, abs, flag
+        entry = cls.entry_bytes(options, heads, kv_heads, head_dim, element_size)
+        fixed += window * (3 * kv + entry + 17) + sinks * (2 * kv + 17)  # + pos, abs (int64), flag
         return fixed, 0
 
     @classmethod

@@ -141,13 +141,21 @@ class GatedDeltaAttention(RecurrentMixer):
         q, k, v = (t.view(*t.shape[:2], -1, self.head_dim) for t in mixed.split(widths, -1))
         return q, k, v, conv_state.to(torch.promote_types(conv_state.dtype, torch.float32))
 
-    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
-        """Convolution (if any), L2 norms, gates from `hidden_states` (the tokens entering the state: W steps
-        late with a window), then the gated delta rule. The state: S, or (S, the convolution's last inputs)."""
+    def entry(self, hidden_states):
+        """The gates of the tokens entering the state, `[B, T, H, 2]`: log decay g and write strength beta."""
+        return torch.stack(self.gates(hidden_states), -1)
+
+    @classmethod
+    def entry_bytes(cls, options, heads, kv_heads, head_dim, element_size) -> int:
+        return 2 * kv_heads * 4  # fp32
+
+    def recur(self, entry, q, k, v, state, output_final_state, cu_seqlens):
+        """Convolution (if any), L2 norms, then the gated delta rule with the gates of `entry` (the tokens
+        entering the state: W steps late with a window). The state: S, or (S, the convolution's last inputs)."""
         recurrent, conv_state = (state if isinstance(state, tuple) else (state, None))
         if self.options.conv_size:
             q, k, v, conv_state = self.convolve(q, k, v, conv_state, cu_seqlens)
-        g, beta = self.gates(hidden_states)
+        g, beta = entry[..., 0].contiguous(), entry[..., 1].contiguous()
         o, recurrent = gated_delta_rule(l2_normalize(q).to(v.dtype), l2_normalize(k).to(v.dtype), v, g, beta,
                                         scale=self.read_scale, initial_state=recurrent,
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)

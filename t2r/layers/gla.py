@@ -60,8 +60,16 @@ class GatedLinearAttention(RecurrentMixer):
         bias = torch.log(target / (1 - target)).repeat_interleave(self.head_dim)
         self.gate.bias.copy_(bias.to(self.gate.bias))
 
-    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
-        g = self.gate(hidden_states)
+    def entry(self, hidden_states):
+        """log alpha `[B, T, H, K]` of the tokens entering the state."""
+        return self.gate(hidden_states)
+
+    @classmethod
+    def entry_bytes(cls, options, heads, kv_heads, head_dim, element_size) -> int:
+        return kv_heads * head_dim * 4  # fp32
+
+    def recur(self, entry, q, k, v, state, output_final_state, cu_seqlens):
+        g = entry
 
         def run(v):
             return gla(q, k, v, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,

@@ -27,9 +27,16 @@ class GatedSlotAttention(RecurrentMixer):
         """K~ `[H, K, M]` and V~ `[H, M, V]` in fp32."""
         return 2 * kv_heads * head_dim * options.num_slots * 4
 
-    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
-        logits = self.slot_gate(hidden_states).float()
-        g = F.logsigmoid(logits).view(*hidden_states.shape[:-1], self.num_kv_heads, self.num_slots)
+    def entry(self, hidden_states):
+        """The slot gates' logits `[B, T, H * M]` of the tokens entering the state, in the model's dtype."""
+        return self.slot_gate(hidden_states)
+
+    @classmethod
+    def entry_bytes(cls, options, heads, kv_heads, head_dim, element_size) -> int:
+        return kv_heads * options.num_slots * element_size
+
+    def recur(self, entry, q, k, v, state, output_final_state, cu_seqlens):
+        g = F.logsigmoid(entry.float()).view(*entry.shape[:-1], self.num_kv_heads, self.num_slots)
         g = g / self.gate_logit_normalizer
         s = -g.expm1()  # 1 - alpha, computed without cancellation
         return gsa(q, k, v, s, g, scale=self.scaling, initial_state=state, output_final_state=output_final_state,

@@ -28,7 +28,15 @@ class RetentionAttention(RecurrentMixer):
         """Recompute the (non-persistent) decays when the model is materialised from the meta device."""
         init.copy_(self.log_decay, retention_log_decays(self.num_kv_heads))
 
-    def recur(self, hidden_states, q, k, v, state, output_final_state, cu_seqlens):
+    def entry(self, hidden_states):
+        """Nothing: the decays are fixed."""
+        return None
+
+    @classmethod
+    def entry_bytes(cls, options, heads, kv_heads, head_dim, element_size) -> int:
+        return 0
+
+    def recur(self, entry, q, k, v, state, output_final_state, cu_seqlens):
         batch, length = q.shape[:2]
         g = self.log_decay.to(q.device).expand(batch, length, -1)
 

@@ -94,21 +94,21 @@ class GatedKVLayer(DynamicLayer):
 
 class WindowedStateLayer(RecurrentStateLayer):
     """A recurrent state plus what a layer with `window` / `sinks` reads exactly (`t2r.layers.window`): the last
-    `window` tokens (their rotated k, v for the softmax, and their hidden state and mapped k, which enter the
+    `window` tokens (their rotated k, v for the softmax, and their mapped k and `entry` (gates), which enter the
     recurrent state when they leave the window) and each sequence's first `sinks` tokens. Fixed size."""
 
     def __init__(self, number_of_states: int, window: int, sinks: int):
         super().__init__(number_of_states=number_of_states)
         self.window, self.sinks = window, sinks
         self.recent: dict[str, torch.Tensor] | None = None
-        """`[B, <= window, ...]` per field: hidden, k, k_rot, v, pos, abs, real."""
+        """`[B, <= window, ...]` per field: entry (when the mixer has one), k, k_rot, v, pos, abs, real."""
         self.sink_slots: dict[str, torch.Tensor] | None = None
         """`[B, sinks, ...]` per field: k_rot, v, pos, abs, and filled (False until that sink has arrived)."""
 
     def remember(self, new: dict[str, torch.Tensor]) -> None:
         """Add one call's tokens (fields `[B, T, ...]`): keep the last `window`, fill the sink slots."""
         recent = new if self.recent is None else {name: torch.cat([self.recent[name], t], 1) for name, t in new.items()}
-        # copies: a slice would keep the whole call's tensors (a long prompt's hidden states) alive
+        # copies: a slice would keep the whole call's tensors (a long prompt's) alive
         self.recent = {name: t[:, -self.window:].clone() for name, t in recent.items()}
         if not self.sinks:
             return

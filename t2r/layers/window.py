@@ -74,8 +74,10 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
     real = (attention_mask[:, -length:].bool() if attention_mask is not None
             else torch.ones(batch, length, dtype=torch.bool, device=device))
     positions = (position_ids if position_ids is not None else steps + seen).expand(batch, length)
-    new = dict(hidden=hidden_states, k=k, v=v, k_rot=k_rot, pos=positions.long(), real=real,
-               abs=(steps + seen).expand(batch, length))
+    new = dict(k=k, v=v, k_rot=k_rot, pos=positions.long(), real=real, abs=(steps + seen).expand(batch, length))
+    entry = mixer.entry(hidden_states)  # what the state reads of a token when it enters (its gates), kept till then
+    if entry is not None:
+        new["entry"] = entry
 
     if layer is None or layer.recent is None:
         # the caller's own position tensor (shared by every layer: FlexAttention builds its mask once per forward)
@@ -88,17 +90,17 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
         soft = masked_window_attention(q_rot, keys["k_rot"], keys["v"], q_abs=new["abs"], q_pos=new["pos"],
                                        k_abs=keys["abs"], k_pos=keys["pos"], k_real=keys["real"], window=window,
                                        sinks=sinks, scale=mixer.scaling)
-        stream = {name: torch.cat([layer.recent[name], new[name]], 1) for name in ("hidden", "k", "v")}
+        stream = {name: torch.cat([layer.recent[name], new[name]], 1) for name in ("entry", "k", "v") if name in new}
         offset = layer.recent["k"].shape[1]
 
     # token t - W enters the state at step t: a real token past the sinks, of the same document (pos >= W + S)
     source = (steps + offset - window).clamp(min=0)
     enters = (real & (new["pos"] >= window + sinks))[..., None, None]
-    hidden_in = stream["hidden"][:, source]
+    entry_in = stream["entry"][:, source] if "entry" in stream else None
     k_in, v_in = stream["k"][:, source] * enters.to(k.dtype), stream["v"][:, source] * enters.to(v.dtype)
     state = layer.get_state() if layer is not None else None
     q_in = q * real[..., None, None].to(q.dtype)  # a padded query reads nothing (nor reaches others by a convolution)
-    read, new_state = mixer.recur(hidden_in, q_in, k_in, v_in, state, output_final_state=layer is not None,
+    read, new_state = mixer.recur(entry_in, q_in, k_in, v_in, state, output_final_state=layer is not None,
                                   cu_seqlens=cu_seqlens)
     if layer is not None:
         layer.set_state(new_state, length)

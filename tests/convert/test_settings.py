@@ -20,7 +20,7 @@ def test_the_recipe_section_is_convert_settings():
     assert isinstance(convert, ConvertSettings) and convert.rank_by == "halo"
     resolved = make_recipe().to_dict()["convert"]
     assert set(resolved) == {"target", "layers", "kept_window", "options", "rank_by", "rank_sweep", "init",
-                             "calibration_rows", "calibration_length"}  # not `data`: a recipe calibrates on its own data
+                             "calibration_rows", "calibration_length"}  # not `data`: a recipe calibrates on its data
     assert make_recipe("convert.calibration_rows=8").convert.calibration_rows == 8
     with pytest.raises(RecipeError, match="convert.data: a command-line setting, not a recipe field"):
         make_recipe("convert.data=text.jsonl")

@@ -10,7 +10,7 @@ from t2r.convert import calibrated_convert
 from t2r.convert.settings import ConvertSettings
 from t2r.layers import MIXERS
 from t2r.models.generation_cache import generation_memory
-from tests.helpers.models import WINDOW, tiny_source, windowed
+from tests.helpers.models import WINDOW, small, tiny_source, windowed
 
 FIXED_STATE = [name for name, spec in MIXERS.items() if spec.constant_memory]
 LONGER = {1: {"window": 9}}
@@ -129,3 +129,20 @@ def test_convert_command_takes_kept_window(tmp_path, capsys):
                  "--device", "cpu", "--out", str(tmp_path / "all")]) == 2
     assert "converts every layer" in capsys.readouterr().err
     assert "| layers' own options | layer 1: window=9 |" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("target", FIXED_STATE)
+def test_the_ring_keeps_each_tokens_gates_not_its_hidden_state(target):
+    """A token waiting in the window to enter the state is kept as what the state will read of it: its gates
+    (gdn: decay and write strength per kv head; gla: per key; gsa: per slot; retnet: nothing), so a window
+    costs a few bytes a token beyond its k and v, where the hidden state (hidden_size wide) cost more than both."""
+    model = windowed("llama", target, layers=[0])
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    expected = {"gdn": (heads, 2), "gla": (heads, dim), "gsa": (heads * small("gsa")["num_slots"],), "retnet": None}
+    with torch.no_grad():
+        ring = model(torch.randint(3, 97, (2, 12)), use_cache=True).past_key_values.layers[0].recent
+    assert "hidden" not in ring
+    if expected[target] is None:
+        assert "entry" not in ring
+    else:
+        assert ring["entry"].shape == (2, WINDOW["window"], *expected[target])
