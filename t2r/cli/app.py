@@ -33,6 +33,13 @@ def _as_note(show):
     return showwarning
 
 
+def say(line: str) -> None:
+    """`line` on stderr in one write: the processes of a launch share the stream, and a line written in two
+    parts (text, then newline) could take another process's line between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def parse(argv: list[str] | None):
     """The command line; `section.field=value` overrides may also follow the flags (`finetune --config R --resume
     train.max_steps=7`), where argparse alone stops taking positionals."""
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         with quiet_libraries():  # one progress bar per long step of ours, none of the libraries' per-load bars
             return handlers[args.command](args)
     except (ValueError, OSError) as err:  # bad option, unsupported model, missing file or unreachable hub id
-        print(f"t2r {args.command}: error: {err}", file=sys.stderr)
+        say(f"t2r {args.command}: error: {err}")
         return 2
     except RuntimeError as err:
         from t2r.train.errors import RunError
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         # a run that stopped on purpose: busy directory, damaged checkpoints, nan loss, a signal. A signal stops
         # every process of a launch alike: the main one says so (their lines interleaved in one log)
         if not (hasattr(err, "exit_code") and os.environ.get("RANK", "0") != "0"):
-            print(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}", file=sys.stderr)
+            say(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}")
         return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:  # Ctrl-C outside training (a training run stops after its step, see t2r.train.signals)
         print(f"t2r {args.command}: interrupted", file=sys.stderr)
