@@ -143,7 +143,7 @@ class ConvertedAttention(nn.Module):
             from t2r.layers.window import windowed_mix
 
             q_rot, k_rot = self.rotate(q_source, k_source, position_embeddings, v.dtype)
-            o = windowed_mix(self, hidden_states, q_rot, k_rot, q, k, v, attention_mask, past_key_values,
+            o = windowed_mix(self, hidden_states, q_rot, k_rot, q, k, k_source, v, attention_mask, past_key_values,
                              kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"))
         else:
             o = self.read_out(self.mix(hidden_states, q, k, v, attention_mask=attention_mask,
@@ -239,13 +239,13 @@ class RecurrentMixer(ConvertedAttention):
 
     @classmethod
     def state_bytes(cls, options, heads, kv_heads, head_dim, element_size):
-        """The recurrent state, plus with a window its ring of W tokens (rotated k, v, mapped k and `entry`) and
-        S sinks (rotated k, v); none grows with the context."""
+        """The recurrent state, plus with a window its ring of W tokens (k, v and `entry`) and S sinks (rotated
+        k, v); none grows with the context."""
         fixed = cls.recurrent_state_bytes(options, heads, kv_heads, head_dim)
         window, sinks = getattr(options, "window", 0), getattr(options, "sinks", 0)
         kv = kv_heads * head_dim * element_size
         entry = cls.entry_bytes(options, heads, kv_heads, head_dim, element_size)
-        fixed += window * (3 * kv + entry + 17) + sinks * (2 * kv + 17)  # + pos, abs (int64), flag
+        fixed += window * (2 * kv + entry + 17) + sinks * (2 * kv + 17)  # + pos, abs (int64), flag
         return fixed, 0
 
     @classmethod

@@ -94,22 +94,29 @@ class GatedKVLayer(DynamicLayer):
 
 class WindowedStateLayer(RecurrentStateLayer):
     """A recurrent state plus what a layer with `window` / `sinks` reads exactly (`t2r.layers.window`): the last
-    `window` tokens (their rotated k, v for the softmax, and their mapped k and `entry` (gates), which enter the
-    recurrent state when they leave the window) and each sequence's first `sinks` tokens. Fixed size."""
+    `window` tokens (k before RoPE and the feature map, rotated again for the softmax and mapped when the token
+    enters the recurrent state; v; `entry`, its gates) and each sequence's first `sinks` tokens (rotated k, v).
+    Fixed size."""
+
+    RING = ("k_src", "v", "entry", "pos", "abs", "real")
+    """What the ring keeps of each of the last `window` tokens (`entry` where the mixer has one)."""
 
     def __init__(self, number_of_states: int, window: int, sinks: int):
         super().__init__(number_of_states=number_of_states)
         self.window, self.sinks = window, sinks
         self.recent: dict[str, torch.Tensor] | None = None
-        """`[B, <= window, ...]` per field: entry (when the mixer has one), k, k_rot, v, pos, abs, real."""
+        """`[B, <= window, ...]` per field of `RING`."""
         self.sink_slots: dict[str, torch.Tensor] | None = None
         """`[B, sinks, ...]` per field: k_rot, v, pos, abs, and filled (False until that sink has arrived)."""
 
     def remember(self, new: dict[str, torch.Tensor]) -> None:
-        """Add one call's tokens (fields `[B, T, ...]`): keep the last `window`, fill the sink slots."""
-        recent = new if self.recent is None else {name: torch.cat([self.recent[name], t], 1) for name, t in new.items()}
+        """Add one call's tokens (fields `[B, T, ...]`): keep the last `window` (the fields of `RING`), fill the
+        sink slots (rotated k, v)."""
+        ring = {name: new[name] for name in self.RING if name in new}
+        if self.recent is not None:
+            ring = {name: torch.cat([self.recent[name], t], 1) for name, t in ring.items()}
         # copies: a slice would keep the whole call's tensors (a long prompt's) alive
-        self.recent = {name: t[:, -self.window:].clone() for name, t in recent.items()}
+        self.recent = {name: t[:, -self.window:].clone() for name, t in ring.items()}
         if not self.sinks:
             return
         if self.sink_slots is None:

@@ -47,24 +47,38 @@ class WindowGain(nn.Module):
         init.zeros_(self.gain)
 
 
-def _cached_keys(layer, new: dict, sinks: int) -> dict:
+def _cached_keys(layer, ring_k_rot: torch.Tensor, new: dict, sinks: int) -> dict:
     """Keys the new queries may read when the cache holds earlier tokens: sink slots, then the window's
-    tokens past the sinks (the sinks among them are read from their slots), then the new tokens."""
+    tokens past the sinks (the sinks among them are read from their slots; `ring_k_rot`: the ring's keys
+    rotated again), then the new tokens."""
     parts = []
     if layer.sink_slots is not None:
         slots = layer.sink_slots
         parts.append(dict(k_rot=slots["k_rot"], v=slots["v"], pos=slots["pos"], abs=slots["abs"], real=slots["filled"]))
     recent = layer.recent
-    parts.append(dict(k_rot=recent["k_rot"], v=recent["v"], pos=recent["pos"], abs=recent["abs"],
+    parts.append(dict(k_rot=ring_k_rot, v=recent["v"], pos=recent["pos"], abs=recent["abs"],
                       real=recent["real"] & (recent["pos"] >= sinks)))
     parts.append({name: new[name] for name in ("k_rot", "v", "pos", "abs", "real")})
     return {name: torch.cat([part[name].to(parts[-1][name].dtype) for part in parts], 1) for name in parts[-1]}
 
 
-def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, past_key_values, position_ids,
-                 cu_seqlens) -> torch.Tensor:
+def _ring_keys(mixer, layer, past_key_values, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rotated keys for the window's softmax, mapped keys for the state) of the ring's tokens, from the one
+    unrotated copy it keeps: RoPE at their positions, as when they arrived, so the same values come out."""
+    if past_key_values.rotary_at is None:
+        raise ValueError("a window's cache rotates its keys with the model's rotary embedding: run the layers "
+                         "through the converted model's forward (it hands the cache `rotary_at`)")
+    recent = layer.recent
+    rope = past_key_values.rotary_at(like, recent["pos"], mixer.layer_idx)
+    k_rot = mixer.rotate(recent["k_src"], recent["k_src"], rope, recent["v"].dtype)[1]
+    return k_rot, mixer.map_qk(recent["k_src"], recent["k_src"], rope)[1]
+
+
+def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, k_source, v, attention_mask, past_key_values,
+                 position_ids, cu_seqlens) -> torch.Tensor:
     """`mixer` (a `RecurrentMixer` with options.window > 0): SWA over (q_rot, k_rot, v) plus its gained state
-    read-out over (q, k, v) with tokens entering the state W steps late. Returns `[B, T, HQ, V]`."""
+    read-out over (q, k, v) with tokens entering the state W steps late (`k_source`: k before the feature map
+    and RoPE, the one copy of a key a cache's ring keeps). Returns `[B, T, HQ, V]`."""
     window, sinks = mixer.options.window, mixer.options.sinks
     batch, length = q.shape[:2]
     device = q.device
@@ -74,7 +88,8 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
     real = (attention_mask[:, -length:].bool() if attention_mask is not None
             else torch.ones(batch, length, dtype=torch.bool, device=device))
     positions = (position_ids if position_ids is not None else steps + seen).expand(batch, length)
-    new = dict(k=k, v=v, k_rot=k_rot, pos=positions.long(), real=real, abs=(steps + seen).expand(batch, length))
+    new = dict(k=k, k_src=k_source, v=v, k_rot=k_rot, pos=positions.long(), real=real,
+               abs=(steps + seen).expand(batch, length))
     entry = mixer.entry(hidden_states)  # what the state reads of a token when it enters (its gates), kept till then
     if entry is not None:
         new["entry"] = entry
@@ -86,12 +101,14 @@ def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, v, attention_mask, pa
                                 scale=mixer.scaling)
         stream, offset = new, 0
     else:
-        keys = _cached_keys(layer, new, sinks)
+        ring_k_rot, ring_k = _ring_keys(mixer, layer, past_key_values, hidden_states)
+        keys = _cached_keys(layer, ring_k_rot, new, sinks)
         soft = masked_window_attention(q_rot, keys["k_rot"], keys["v"], q_abs=new["abs"], q_pos=new["pos"],
                                        k_abs=keys["abs"], k_pos=keys["pos"], k_real=keys["real"], window=window,
                                        sinks=sinks, scale=mixer.scaling)
-        stream = {name: torch.cat([layer.recent[name], new[name]], 1) for name in ("entry", "k", "v") if name in new}
-        offset = layer.recent["k"].shape[1]
+        stream = {name: torch.cat([layer.recent[name], new[name]], 1) for name in ("entry", "v") if name in new}
+        stream["k"] = torch.cat([ring_k.to(k.dtype), k], 1)
+        offset = layer.recent["v"].shape[1]
 
     # token t - W enters the state at step t: a real token past the sinks, of the same document (pos >= W + S)
     source = (steps + offset - window).clamp(min=0)

@@ -52,6 +52,9 @@ class T2RCache(Cache):
             else:
                 layers.append(DynamicLayer())
         super().__init__(layers=layers)
+        self.rotary_at = None
+        """`rotary_at(like, position_ids, layer_idx) -> (cos, sin)`: set by the model at each forward, for the
+        window rings that keep their keys unrotated (`t2r.layers.window`)."""
 
     def get_state(self, layer_idx: int):
         return self.layers[layer_idx].get_state()

@@ -132,16 +132,17 @@ def test_convert_command_takes_kept_window(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("target", FIXED_STATE)
-def test_the_ring_keeps_each_tokens_gates_not_its_hidden_state(target):
+def test_the_ring_keeps_one_key_and_the_gates_of_each_token(target):
     """A token waiting in the window to enter the state is kept as what the state will read of it: its gates
-    (gdn: decay and write strength per kv head; gla: per key; gsa: per slot; retnet: nothing), so a window
-    costs a few bytes a token beyond its k and v, where the hidden state (hidden_size wide) cost more than both."""
+    (gdn: decay and write strength per kv head; gla: per key; gsa: per slot; retnet: nothing), not its hidden
+    state (hidden_size wide), and its key once, unrotated (rotated again for the softmax, mapped when it enters
+    the state): a window costs a few bytes a token beyond the K/V of softmax attention."""
     model = windowed("llama", target, layers=[0])
     heads, dim = model.config.num_key_value_heads, model.config.head_dim
     expected = {"gdn": (heads, 2), "gla": (heads, dim), "gsa": (heads * small("gsa")["num_slots"],), "retnet": None}
     with torch.no_grad():
         ring = model(torch.randint(3, 97, (2, 12)), use_cache=True).past_key_values.layers[0].recent
-    assert "hidden" not in ring
+    assert "hidden" not in ring and "k_rot" not in ring and "k" not in ring  # one copy of each key: k_src
     if expected[target] is None:
         assert "entry" not in ring
     else:

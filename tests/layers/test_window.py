@@ -85,7 +85,7 @@ def test_generation_memory_is_constant_and_reported(fixed_target):
     assert nbytes(caches[0]) == fixed + 9 * per_token
     assert nbytes(caches[1]) == fixed + 40 * per_token
     ring = caches[1].layers[0].recent
-    assert ring["k"].shape[1] == WINDOW["window"] and caches[1].layers[0].sink_slots["filled"].all()
+    assert ring["k_src"].shape[1] == WINDOW["window"] and caches[1].layers[0].sink_slots["filled"].all()
 
 
 def test_left_padded_batch_generates_as_single_sequences(arch, fixed_target):
