@@ -6,6 +6,7 @@ converted layers for a mixer from `t2r.layers`, and owns two things the source c
 a forward that hands each layer the mask it needs, and the recurrent-state cache for `generate()`.
 """
 
+from functools import partial
 
 import torch
 from torch import nn
@@ -58,6 +59,15 @@ def init_new_parameters(module, config) -> None:
         module.init_parameters(std=config.initializer_range)
 
 
+def rotary_at(rotary_emb, per_layer_type: bool, layer_types: tuple, like: torch.Tensor, position_ids: torch.Tensor,
+              layer_idx: int):
+    """(cos, sin) `[B, T, R]` of layer `layer_idx`'s rotary embedding at `position_ids` `[B, T]`, in `like`'s
+    dtype: what the layer's keys were rotated with when they arrived (a window's ring rotates them again)."""
+    if per_layer_type:
+        return rotary_emb(like, position_ids, layer_types[layer_idx])
+    return rotary_emb(like, position_ids=position_ids)
+
+
 class T2RModelMixin:
     """Swaps the attention modules named by `config.t2r_mixers` and runs the decoder with per-layer masks."""
 
@@ -100,13 +110,6 @@ class T2RModelMixin:
             return masks["padding"] if attention.needs_full_padding_mask else masks["linear_attention"]
         return masks[self.config.layer_types[layer_idx]]
 
-    def rotary_at(self, like: torch.Tensor, position_ids: torch.Tensor, layer_idx: int):
-        """(cos, sin) `[B, T, R]` of layer `layer_idx`'s rotary embedding at `position_ids` `[B, T]`, in `like`'s
-        dtype: what the layer's keys were rotated with when they arrived (a window's ring rotates them again)."""
-        if self.rotary_per_layer_type:
-            return self.rotary_emb(like, position_ids, self.config.layer_types[layer_idx])
-        return self.rotary_emb(like, position_ids=position_ids)
-
     def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
         """(cos, sin) per layer type: one rotary embedding shared by every layer in most sources, one per type
         where the source's differs by type (`SourceAdapter.rotary_per_layer_type`)."""
@@ -125,8 +128,9 @@ class T2RModelMixin:
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = T2RCache(self.config)
-        if isinstance(past_key_values, T2RCache):
-            past_key_values.rotary_at = self.rotary_at
+        if isinstance(past_key_values, T2RCache):  # the rotary module, not the model: a copied cache copies it
+            past_key_values.rotary_at = partial(rotary_at, self.rotary_emb, self.rotary_per_layer_type,
+                                                tuple(self.config.layer_types))
         if position_ids is None:
             past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen

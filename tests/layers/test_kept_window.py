@@ -147,3 +147,19 @@ def test_the_ring_keeps_one_key_and_the_gates_of_each_token(target):
         assert "entry" not in ring
     else:
         assert ring["entry"].shape == (2, WINDOW["window"], *expected[target])
+
+
+def test_a_copied_cache_continues_as_the_original_and_copies_no_model(arch):
+    """Re-using a prompt's cache (transformers' `copy.deepcopy(prompt_cache)`): the copy's window ring rotates
+    its keys with a copy of the rotary module it holds, not the whole model, and continues as the original."""
+    import copy
+
+    model = windowed(arch, "gdn", layer_options=LONGER)
+    prompt, more = torch.randint(3, 97, (1, 14)), torch.randint(3, 97, (1, 3))
+    with torch.no_grad():
+        cache = model(prompt, use_cache=True).past_key_values
+        copied = copy.deepcopy(cache)
+        assert not any(hasattr(arg, "layers") or hasattr(arg, "lm_head") for arg in copied.rotary_at.args)
+        expected = model(more, past_key_values=cache, use_cache=True).logits
+        got = model(more, past_key_values=copied, use_cache=True).logits
+    assert torch.equal(got, expected)
