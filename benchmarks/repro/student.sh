@@ -14,7 +14,7 @@
 #   bash benchmarks/repro/student.sh pack NAME     # runs/NAME without weights -> $OUT/NAME.tgz
 #
 # NAME is a recipe of recipes/frontier/ (run dir runs/NAME) or a path under recipes/ such as repro/smollm2-gsa
-# (run dir runs/repro/smollm2-gsa, as those recipes' checkpoint.dir says); logs are $OUT/<NAME, / as ->-train.log.
+# (run dir runs/repro/smollm2-gsa, as those recipes' checkpoint.dir says); logs are $OUT/<NAME, / and @ as ->-train.log.
 # NAME@VARIANT trains the same recipe as a run of its own, runs/NAME-VARIANT (name=...-VARIANT is added), for
 # settings given as overrides: repro/smollm2-gsa@w64 ... convert.options.window=64 convert.options.sinks=4.
 # Students side by side on one host: CUDA_VISIBLE_DEVICES=i for each.
@@ -29,7 +29,7 @@ recipe=recipes/frontier/$base.yaml
 run=runs/$base named=()
 [ -n "$variant" ] && run=runs/$base-$variant named=("name=$(basename "$base")-$variant")
 out=${OUT:-/tmp}
-tag=${name//\//-}
+tag=${name//\//-} tag=${tag//@/-}    # file names under $OUT: no / or @ (the device tool does not return names with @)
 case $what in
 train)
     seconds=$1; shift
