@@ -26,7 +26,7 @@ def _as_note(show):
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if str(Path(filename).resolve()).startswith(_PACKAGE):
-            print(f"note: {message}", file=sys.stderr, flush=True)
+            say(f"note: {message}")
         else:
             show(message, category, filename, lineno, file, line)
     showwarning.as_note = True
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"t2r {args.command}: {'' if hasattr(err, 'exit_code') else 'error: '}{err}")
         return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:  # Ctrl-C outside training (a training run stops after its step, see t2r.train.signals)
-        print(f"t2r {args.command}: interrupted", file=sys.stderr)
+        say(f"t2r {args.command}: interrupted")
         return 130
     finally:
         leave_process_group()
