@@ -5,7 +5,7 @@
 #   bash benchmarks/repro/student.sh train NAME SECONDS [section.field=value ...]
 #        t2r finetune --config recipes/frontier/NAME.yaml for at most SECONDS (SIGINT at the end: the newest
 #        checkpoint stays), resuming when runs/NAME holds one; every call's start-up is traced
-#        (benchmarks/trace_startup.py: stacks every 15 s for 300 s in $OUT/NAME-stacks.txt, -stacks-resume.txt
+#        (benchmarks/trace_startup.py: stacks every $STACKS_EVERY s (15) for 300 s in $OUT/NAME-stacks.txt, -stacks-resume.txt
 #        when resumed: resumed students spent 36-38 s in `first batches` until the long-document fix, 2026-11-27; 0.4-0.5 s since)
 #   bash benchmarks/repro/student.sh eval NAME [flag ...]
 #        t2r eval of runs/NAME/final against the source and the window frontier, at 2K (perplexity and KL to
@@ -35,7 +35,7 @@ train)
     seconds=$1; shift
     resume=(); [ -n "$(ls -d "$run"/step-* 2>/dev/null)" ] && resume=(--resume)
     stacks=$out/$tag-stacks.txt; [ ${#resume[@]} -gt 0 ] && stacks=$out/$tag-stacks-resume.txt
-    timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every 15 --for 300 --stacks "$stacks" -- \
+    timeout -s INT -k 30 "$seconds" python3 benchmarks/trace_startup.py --every "${STACKS_EVERY:-15}" --for 300 --stacks "$stacks" -- \
         finetune --config "$recipe" "${named[@]}" "$@" "${resume[@]}" >> "$out/$tag-train.log" 2>&1
     rc=$?
     echo "== $tag train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$tag-train.log" | tail -4

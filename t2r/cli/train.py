@@ -50,8 +50,10 @@ def run_finetune(args) -> int:
     from accelerate import PartialState
 
     from t2r.train import finetune
+    from t2r.train.startup import StartupClock
 
-    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite)
+    clock = StartupClock(since_process_start=True)  # the start-up line counts this process's imports too
+    metrics = finetune(recipe, resume=args.resume, overwrite=args.overwrite, clock=clock)
     if PartialState().is_main_process:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
         print(f"model saved to {recipe.checkpoint.dir}/final")
@@ -136,8 +138,10 @@ def run_run(args) -> int:
         return 0
     threads.note()
     from t2r.train.pipeline import finetune_and_evaluate
+    from t2r.train.startup import StartupClock
 
-    done = finetune_and_evaluate(recipe, resume=args.resume, overwrite=args.overwrite)
+    done = finetune_and_evaluate(recipe, resume=args.resume, overwrite=args.overwrite,
+                                 clock=StartupClock(since_process_start=True))
     if done.report is None:  # a process other than the main one: it trained, the main one evaluated
         return 0
     print(done.report.read_text(), end="")

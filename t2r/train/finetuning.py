@@ -48,16 +48,17 @@ class Interrupt(Exception):
 
 
 def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], None]] = (),
-             overwrite: bool = False) -> dict:
+             overwrite: bool = False, clock: StartupClock | None = None) -> dict:
     """Train the model of `recipe`; returns the final metrics. With `resume`, continue from the newest
     intact checkpoint under `recipe.checkpoint.dir` (same data position, optimizer, schedule and RNG
     state; recipe changes checked, see `t2r.train.resume`), else start fresh, which needs a directory
     without another run's results or `overwrite` (delete them first). Each callback gets the metrics
-    dict after every optimizer step and may raise `Interrupt` to stop."""
+    dict after every optimizer step and may raise `Interrupt` to stop. `clock` times the start-up (the
+    command line passes one that starts with its process)."""
     if resume and overwrite:
         raise ValueError(f"--resume and --overwrite exclude each other: --resume continues the run in "
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
-    clock = StartupClock()
+    clock = clock or StartupClock()
     accelerator = _accelerator(recipe)
     if resume:
         from_main_process(lambda: require_run_dir(Path(recipe.checkpoint.dir)))

@@ -28,12 +28,13 @@ def run_eval_settings(recipe) -> EvalSettings:
 
 
 def finetune_and_evaluate(recipe, *, resume: bool = False, overwrite: bool = False,
-                          callbacks: Iterable[Callable[[dict], None]] = (), command: str | None = None) -> RunResult:
+                          callbacks: Iterable[Callable[[dict], None]] = (), command: str | None = None,
+                          clock=None) -> RunResult:
     """`finetune(recipe, resume, callbacks, overwrite)`, then `recipe.checkpoint.dir`/final evaluated against
     `eval.baseline` (default: the recipe's source) into `checkpoint.dir`/eval (report.md, results.json, plots),
     and the evaluation put on final/'s model card. The evaluation's lengths are checked against both models'
     configs before anything trains (`check_eval_lengths`). `command` is recorded in results.json (default: this
-    process's command line)."""
+    process's command line); `clock` times the start-up, as in `finetune`."""
     import torch
     from accelerate import PartialState
 
@@ -46,7 +47,7 @@ def finetune_and_evaluate(recipe, *, resume: bool = False, overwrite: bool = Fal
     settings = run_eval_settings(recipe)
     check_eval_lengths(recipe, settings)  # before training: the eval must fit the model it will load
     check_eval_rows(recipe, settings, fetch=True)  # and its held-out text hold the rows it asks for
-    metrics = finetune(recipe, resume=resume, overwrite=overwrite, callbacks=callbacks)
+    metrics = finetune(recipe, resume=resume, overwrite=overwrite, callbacks=callbacks, clock=clock)
     root = Path(recipe.checkpoint.dir)
     final, out = root / "final", root / "eval"
     if not PartialState().is_main_process:

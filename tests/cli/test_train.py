@@ -2,6 +2,7 @@
 report after training."""
 
 import json
+from pathlib import Path
 
 from t2r.cli import main
 from tests.helpers.models import save_tiny_source
@@ -23,8 +24,11 @@ def test_finetune_from_a_recipe_with_overrides(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["finetune", "--config", str(recipe), "train.max_steps=3", "train.lr=1e-3",
                  f"checkpoint.dir={run}"]) == 0
-    assert "step=3 tokens=384" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "step=3 tokens=384" in out
     assert (run / "final" / "model.safetensors").is_file() and (run / "step-00000003").is_dir()
+    if Path("/proc/self/stat").exists():  # the command's start-up line counts the process from its start
+        assert "start-up: " in out and "(imports " in out and '"imports_s"' in (run / "startup.json").read_text()
     assert main(["generate", "--model", str(run / "final"), "--prompt", "Ada lives in", "--max-new-tokens", "3",
                  "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("Ada lives in")
@@ -46,8 +50,6 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
 
 
 def test_every_shipped_recipe_from_the_hub_has_a_built_in_config():
-    from pathlib import Path
-
     import yaml
 
     from t2r.models.known_configs import KNOWN_CONFIGS, known_config

@@ -204,6 +204,30 @@ def test_startup_clock_counts_each_second_once():
     assert abs(sum(clock.parts.values()) - clock.total) < 1e-9
 
 
+def test_startup_clock_of_the_command_line_starts_with_the_process():
+    """The command line's clock counts the process's time before it (interpreter start and imports: seconds the
+    start-up line once left out) as `imports`; the parts still add up to the total."""
+    import subprocess
+    import sys
+    import time
+
+    from t2r.train.startup import StartupClock, process_age
+
+    age = process_age()
+    if age is None:
+        pytest.skip("no /proc: the process's start time is not known here")
+    clock = StartupClock(since_process_start=True)
+    assert clock.parts["imports"] >= age > 0
+    assert "imports" not in StartupClock().parts  # finetune() from a notebook: from the call on
+    clock.done()
+    assert clock.total >= clock.parts["imports"] and abs(sum(clock.parts.values()) - clock.total) < 1e-9
+    # a new process's age is its own: a child that sleeps 0.3 s before asking reports at least that
+    code = "import time; time.sleep(0.3); from t2r.train.startup import process_age; print(process_age())"
+    start = time.perf_counter()
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.3 <= child <= time.perf_counter() - start + 0.02
+
+
 def test_a_run_writes_its_startup_breakdown(tmp_path, source_dir, corpus, capsys):
     import json
 
