@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from t2r.train import finetune
+from t2r.train.startup import StartupClock
 from t2r.train.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,7 +94,7 @@ def main() -> None:
     # the micro-batches this process runs in a step
     per_step = recipe.train.tokens_per_step // (recipe.train.micro_batch_size * recipe.data.seq_len * world)
     profiler = StepProfiler(first, last, per_step)
-    finetune(recipe, callbacks=[profiler])
+    finetune(recipe, callbacks=[profiler], clock=StartupClock(since_process_start=True))  # imports counted
     root = Path(recipe.checkpoint.dir)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     startup = root / "startup.json"
