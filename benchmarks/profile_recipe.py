@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from t2r.train import finetune
-from t2r.train.startup import StartupClock
 from t2r.train.recipe import load_recipe
+from t2r.train.startup import StartupClock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from profile_distill import profile_summary  # noqa: E402

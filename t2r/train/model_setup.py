@@ -46,6 +46,11 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
     on the GPU with the mixers' kernels (on the CPU it took 156 of a 164 s start-up, SmolLM2 on an H100 machine's
     16 cores; 10 s on the GPU); the model ends there."""
     part = clock.part if clock is not None else (lambda name: contextlib.nullcontext())
+    if recipe.train.compile and not _is_cuda(device) and (recipe.convert.options.get("window") or
+                                                          recipe.convert.kept_window):
+        raise ValueError("train.compile with a window (convert.options.window, convert.kept_window) is for CUDA: "
+                         "on the CPU Inductor's code for the window's backward corrupts memory and kills the process "
+                         "(torch 2.13, seen 2026-11-27); set train.compile=false here")
     dtype = dtype or (torch.float32 if recipe.train.mixed_precision != "no" else torch_dtype(recipe.model.dtype))
     with part("load"):
         source, tokenizer = load_source(recipe.model.source, dtype=dtype)

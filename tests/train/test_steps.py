@@ -46,3 +46,18 @@ def test_the_held_out_loss_of_a_compiled_model_runs_eager(tmp_path, source_dir, 
     assert not counters["stats"]["unique_graphs"] and compiled == compiled  # nothing compiled, a number
     with torch.compiler.set_stance("force_eager"):
         assert heldout_loss(model, r, tokenizer, "cpu") == compiled
+
+
+def test_train_compile_with_a_window_off_cuda_is_refused_before_loading(tmp_path, source_dir, corpus):
+    """Inductor's CPU code for the window's backward corrupts memory (the process dies with 'double free or
+    corruption', torch 2.13): the run stops first, naming the setting, before the model loads."""
+    import pytest
+
+    from t2r.train.model_setup import build_model
+    from tests.helpers.recipes import recipe
+
+    for extra in ({"convert.options.window": 16, "convert.options.sinks": 2}, {"convert.kept_window": 16}):
+        r = recipe(tmp_path, source_dir, corpus, **{"train.compile": True, **extra, **(
+            {"convert.layers": "0", "convert.options.window": 4} if "convert.kept_window" in extra else {})})
+        with pytest.raises(ValueError, match="train.compile=false"):
+            build_model(r, device="cpu")
