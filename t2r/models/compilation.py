@@ -25,10 +25,27 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no decoder layers (an nn.ModuleList named 'layers')")
 
 
+PACKED_OFFSETS = ("cu_seq_lens_q", "cu_seq_lens_k")
+"""A packed batch's document offsets (`t2r.data.collate_packed`): one entry per document, plus one."""
+
+
+def any_document_count(batch: dict) -> dict:
+    """`batch`, its packed offsets marked dynamic in length: the compiled layers then take a micro-batch of any
+    number of documents with the graphs they have. Static, each new count compiled every layer kind's graphs
+    again (5 graphs a count on a two-layer hybrid, 2026-11-27), up to the recompile limit, then eager."""
+    for name in PACKED_OFFSETS:
+        if torch.is_tensor(batch.get(name)):
+            torch._dynamo.maybe_mark_dynamic(batch[name], 0)
+    return batch
+
+
 def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
     """Every decoder layer through torch.compile (static shapes by default); returns `model`."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    # GSA's custom op returns its steep-chunk list, whose length follows a packed batch's chunk count: captured
+    # with a size the graph learns when it runs, where dynamo would otherwise break the graph at each GSA layer
+    config.capture_dynamic_output_shape_ops = True
     for layer in decoder_layers(model):
         layer.compile(dynamic=dynamic)
     return model

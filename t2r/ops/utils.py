@@ -81,9 +81,20 @@ def check_state(op: str, name: str, state: torch.Tensor | None, expected: Sequen
         )
 
 
+_CHECKED_OFFSETS: list = []
+"""(cu_seqlens, its version) whose values passed `check_cu_seqlens`, newest first: every layer of a forward and
+of its backward passes the same boundary tensor, so its values are read (a host sync) once, not once a layer.
+The entries hold their tensors, so no other tensor can take their place in memory while they are listed."""
+_CHECKED_KEEP = 4
+
+
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
                      seq_len: int) -> int:
-    """Validate packed-sequence offsets; return the number of sequences (the batch if None)."""
+    """Validate packed-sequence offsets; return the number of sequences (the batch if None).
+
+    The offsets' values (0 first, `seq_len` last, strictly increasing) are read once per tensor and version, and
+    not under torch.compile, where reading them would break the graph at every op (`t2r.models.modeling` checks
+    a packed batch's offsets once per forward, before the compiled layers)."""
     if cu_seqlens is None:
         return batch
     if batch != 1:
@@ -96,6 +107,9 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
             f"{op}: cu_seqlens must be a 1-D integer tensor [num_seqs + 1] of offsets, got "
             f"dtype {cu_seqlens.dtype} and shape {_shape(cu_seqlens)}"
         )
+    if torch.compiler.is_compiling() or any(
+            seen is cu_seqlens and version == cu_seqlens._version for seen, version in _CHECKED_OFFSETS):
+        return cu_seqlens.numel() - 1
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0 or bounds[-1] != seq_len:
         raise ValueError(
@@ -106,6 +120,8 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
         raise ValueError(
             f"{op}: cu_seqlens must be strictly increasing (no empty sequences), got {bounds}"
         )
+    _CHECKED_OFFSETS.insert(0, (cu_seqlens, cu_seqlens._version))
+    del _CHECKED_OFFSETS[_CHECKED_KEEP:]
     return len(bounds) - 1
 
 

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from t2r.data import PackedSequences, collate_packed, load_documents
+from t2r.models.compilation import any_document_count
 
 
 def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start: tuple[int, int] = (0, 0),
@@ -138,8 +139,8 @@ class MicroBatches:
         for index, batch in self._stream:
             if index >= self.skip and index % self.world == self.rank:
                 # only this process's micro-batches are pinned: the others' and those skipped are dropped
-                yield {k: (v.pin_memory() if self.pinned else v).to(self.device, non_blocking=self.pinned)
-                       if torch.is_tensor(v) else v for k, v in batch.items()}
+                yield any_document_count({k: (v.pin_memory() if self.pinned else v).to(
+                    self.device, non_blocking=self.pinned) if torch.is_tensor(v) else v for k, v in batch.items()})
 
     def close(self) -> None:
         """Stop reading ahead (the stream ends here)."""

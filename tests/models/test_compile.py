@@ -59,3 +59,47 @@ def test_compiled_layers_match_eager(target, packed, monkeypatch):
     assert grads.keys() == eager_grads.keys() and len(grads) > 0
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "fox", "gdn"])
+def test_packed_batches_of_any_document_count_share_one_graph(target, monkeypatch):
+    """Packed micro-batches as training passes them (`collate_packed`: the offsets `cu_seq_lens_q/k` beside the
+    tokens), marked by `any_document_count` as the training stream does: the compiled layer takes a second batch
+    of another document count with the graphs of the first (no recompilation: it had compiled every layer kind
+    again for each new count) and without graph breaks (the op's check of the offsets read their values at every
+    op: a break and a host sync a layer), with the eager model's loss and gradients."""
+    from t2r.data.packing import collate_packed
+    from t2r.models.compilation import any_document_count, compile_layers
+
+    monkeypatch.setenv("T2R_OPS_BACKEND", "triton")
+    torch._dynamo.reset()
+    source = tiny_source("llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                         num_hidden_layers=1, attn_implementation="sdpa")
+    model = t2r.convert(source, target)
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(lengths):
+        ids = torch.randint(3, source.config.vocab_size, (sum(lengths),), generator=generator)
+        rows = [{"input_ids": ids, "position_ids": torch.cat([torch.arange(n) for n in lengths])}]
+        return any_document_count(collate_packed(rows))
+
+    def loss_and_grads_of(b):
+        model.zero_grad(set_to_none=True)
+        loss = model(**b).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    batches = [batch([60, 80]), batch([30, 50, 40, 20])]
+    eager = [loss_and_grads_of(b) for b in batches]
+    compile_layers(model)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    for i, (b, (eager_loss, eager_grads)) in enumerate(zip(batches, eager)):
+        loss, grads = loss_and_grads_of(b)
+        if i == 0:
+            graphs = counters["stats"]["unique_graphs"]
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # the second count compiled nothing
+    assert dict(counters["graph_break"]) == {}

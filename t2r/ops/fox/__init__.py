@@ -10,6 +10,7 @@ decoding against a KV cache (Tq small).
 
 import torch
 
+from ..utils import check_cu_seqlens
 from .chunk import chunk_forgetting_attention
 from .naive import naive_forgetting_attention
 
@@ -56,10 +57,7 @@ def _check_inputs(q, k, v, g, attention_mask, cu_seqlens) -> None:
             raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along seq), got {B}")
         if Tq != Tk:
             raise ValueError(f"cu_seqlens needs Tq == Tk (packed training), got Tq={Tq}, Tk={Tk}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor [num_docs + 1]")
-        if cu_seqlens.numel() < 2 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != Tk:
-            raise ValueError(f"cu_seqlens must start at 0 and end at the sequence length {Tk}")
+        check_cu_seqlens("forgetting_attention", cu_seqlens, B, Tk)  # values once a tensor, none under compile
 
 
 def forgetting_attention(
