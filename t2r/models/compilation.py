@@ -29,13 +29,23 @@ PACKED_OFFSETS = ("cu_seq_lens_q", "cu_seq_lens_k")
 """A packed batch's document offsets (`t2r.data.collate_packed`): one entry per document, plus one."""
 
 
+PACKED_LONGEST = ("max_length_q", "max_length_k")
+"""Its longest document's length (a Python int), which varlen attention takes as an upper bound."""
+
+
 def any_document_count(batch: dict) -> dict:
     """`batch`, its packed offsets marked dynamic in length: the compiled layers then take a micro-batch of any
     number of documents with the graphs they have. Static, each new count compiled every layer kind's graphs
-    again (5 graphs a count on a two-layer hybrid, 2026-11-27), up to the recompile limit, then eager."""
+    again (5 graphs a count on a two-layer hybrid, 2026-11-27), up to the recompile limit, then eager. The
+    longest document's length, an int a compiled softmax layer guards on (a graph per value), is rounded up to a
+    power of two: varlen attention reads it as a bound on the documents' lengths (its grid of query blocks; the
+    blocks past a document's end do nothing), so a few values cover every batch."""
     for name in PACKED_OFFSETS:
         if torch.is_tensor(batch.get(name)):
             torch._dynamo.maybe_mark_dynamic(batch[name], 0)
+    for name in PACKED_LONGEST:
+        if isinstance(batch.get(name), int) and batch[name] > 0:
+            batch[name] = 1 << (batch[name] - 1).bit_length()
     return batch
 
 

@@ -193,6 +193,8 @@ class StepLoop:
                            **{f"loss_{name}": logs.finite_or_none(value) for name, value in window.parts.items()})
         if not update.applied:
             metrics["skipped"] = True
+        if self.recipe.train.compile:  # graphs dynamo has compiled in this process: flat once the shapes are known
+            metrics["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         device = self.accelerator.device
         if device.type == "cuda":  # this process's card: the peak since the run began (weights included)
             metrics["gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

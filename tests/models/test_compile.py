@@ -103,3 +103,18 @@ def test_packed_batches_of_any_document_count_share_one_graph(target, monkeypatc
             torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
     assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # the second count compiled nothing
     assert dict(counters["graph_break"]) == {}
+
+
+def test_a_packed_batchs_longest_length_becomes_a_power_of_two_bound():
+    """The longest document's length, which a compiled softmax layer would guard on (a graph per value), is rounded
+    up to a power of two (varlen attention takes an upper bound); the offsets are untouched."""
+    from t2r.data.packing import collate_packed
+    from t2r.models.compilation import any_document_count
+
+    for lengths, bound in (([60, 80], 128), ([1, 1], 1), ([64, 3], 64), ([65], 128), ([2048, 7], 2048)):
+        rows = [{"input_ids": torch.arange(3, 3 + sum(lengths)),
+                 "position_ids": torch.cat([torch.arange(n) for n in lengths])}]
+        plain = collate_packed(rows)
+        marked = any_document_count(collate_packed(rows))
+        assert plain["max_length_q"] == max(lengths) and marked["max_length_q"] == marked["max_length_k"] == bound
+        assert torch.equal(marked["cu_seq_lens_q"], plain["cu_seq_lens_q"])

@@ -24,6 +24,9 @@ def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_
         rows = (tmp_path / f"compile-{compiled}" / "metrics.jsonl").read_text().splitlines()
         losses[compiled] = [json.loads(r)["loss"] for r in rows if '"loss"' in r]
     assert len(losses[True]) == 2
+    rows = [json.loads(r) for r in (tmp_path / "compile-True" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["compiled_graphs"] > 0 for r in rows if "loss" in r)  # how many graphs the run has compiled
+    assert "compiled_graphs" not in (tmp_path / "compile-False" / "metrics.jsonl").read_text()
     for a, b in zip(losses[True], losses[False]):
         assert abs(a - b) < 1e-4 * abs(b)
 
