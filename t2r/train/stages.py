@@ -124,7 +124,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
     history = (logs.read_history(root / "metrics.jsonl", state["step"], accelerator.print)
                if accelerator.is_main_process else [])
     if found is None and recipe.data.held_out:  # what the final model's held-out loss is checked against
-        state["held_out_start"] = _held_out_start(model, recipe, tokenizer, accelerator)
+        with clock.part("held-out loss"):
+            state["held_out_start"] = _held_out_start(model, recipe, tokenizer, accelerator)
     metrics = {"step": state["step"], "tokens": state["tokens"]}
     unwrapped = accelerator.unwrap_model(model)
     for i, (stage, steps, first) in enumerate(plan[index:], index):

@@ -1,6 +1,7 @@
 """Where a run's start goes: seconds from launch to the end of the first optimizer step, part by part
-(imports, data check, model load, calibration, conversion, placement, first batch, first step), printed as one
-line after the first step and written to `startup.json` in the run directory."""
+(imports, data check, model load, calibration, conversion, placement, the held-out loss before training,
+first batch, first step), printed as one line after the first step and written to `startup.json` in the run
+directory."""
 
 from __future__ import annotations
 

@@ -61,8 +61,10 @@ def test_compiled_layers_match_eager(target, packed, monkeypatch):
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("target", ["gsa", "gla", "retnet", "fox", "gdn"])
-def test_packed_batches_of_any_document_count_share_one_graph(target, monkeypatch):
+@pytest.mark.parametrize("target, options", [("gsa", {}), ("gla", {}), ("retnet", {}), ("fox", {}), ("gdn", {}),
+                                             ("gdn", {"window": 16, "sinks": 2})],
+                         ids=["gsa", "gla", "retnet", "fox", "gdn", "gdn-window"])
+def test_packed_batches_of_any_document_count_share_one_graph(target, options, monkeypatch):
     """Packed micro-batches as training passes them (`collate_packed`: the offsets `cu_seq_lens_q/k` beside the
     tokens), marked by `any_document_count` as the training stream does: the compiled layer takes a second batch
     of another document count with the graphs of the first (no recompilation: it had compiled every layer kind
@@ -75,7 +77,7 @@ def test_packed_batches_of_any_document_count_share_one_graph(target, monkeypatc
     torch._dynamo.reset()
     source = tiny_source("llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                          num_hidden_layers=1, attn_implementation="sdpa")
-    model = t2r.convert(source, target)
+    model = t2r.convert(source, target, **options)
     generator = torch.Generator().manual_seed(0)
 
     def batch(lengths):

@@ -234,7 +234,7 @@ def test_a_run_writes_its_startup_breakdown(tmp_path, source_dir, corpus, capsys
     r = recipe(tmp_path, source_dir, corpus, run="startup", **{"train.max_steps": 2})
     finetune(r)
     record = json.loads((tmp_path / "startup" / "startup.json").read_text())
-    for part in ("data check", "load", "convert", "prepare", "first batches", "first step", "other"):
+    for part in ("data check", "load", "convert", "prepare", "held-out loss", "first batches", "first step", "other"):
         assert record[f"{part}_s"] >= 0, part
     parts = sum(v for k, v in record.items() if k != "total_s")
     assert abs(parts - record["total_s"]) < 0.01 and record["first step_s"] > 0
