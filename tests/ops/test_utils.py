@@ -1,4 +1,5 @@
 """t2r.ops.utils: grouping of packed sequences and recomputation in backward."""
+import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -51,3 +52,21 @@ def test_recompute_is_not_nested_inside_a_checkpointed_layer():
     grad = torch.autograd.grad(out, x)[0]
     assert len(calls) == 2
     assert torch.allclose(grad, torch.autograd.grad((heavy(x.cos()) * 2).sin().sum(), x)[0])
+
+
+def test_packed_offsets_are_read_once_a_tensor_and_again_after_a_change(monkeypatch):
+    """`check_cu_seqlens` reads the offsets' values (a host sync on a GPU) once per tensor and version: every layer
+    of a forward passes the same tensor; an offsets tensor changed in place is read again and refused."""
+    from t2r.ops import utils
+
+    reads = []
+    offsets = torch.tensor([0, 3, 8], dtype=torch.int32)
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real_tolist(t))
+    assert [utils.check_cu_seqlens("op", offsets, 1, 8) for _ in range(5)] == [2] * 5
+    assert len(reads) == 1
+    offsets[1] = 9  # in place: the version changes
+    with pytest.raises(ValueError, match="strictly increasing"):
+        utils.check_cu_seqlens("op", offsets, 1, 8)
+    with pytest.raises(ValueError, match="end at the packed length 9"):
+        utils.check_cu_seqlens("op", torch.tensor([0, 3, 8]), 1, 9)
