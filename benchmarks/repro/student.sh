@@ -39,6 +39,12 @@ train)
         finetune --config "$recipe" "${named[@]}" "$@" "${resume[@]}" >> "$out/$tag-train.log" 2>&1
     rc=$?
     echo "== $tag train rc $rc"; grep -E "start-up|resumed|step [0-9]+/" "$out/$tag-train.log" | tail -4
+    # graphs compiled by the step of each logged row (flat once the run's shapes are known; compiled runs only)
+    [ -f "$run/metrics.jsonl" ] && python3 -c "import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+seen = [(r['step'], r['compiled_graphs']) for r in rows if 'compiled_graphs' in r]
+print('== graphs by step:', ', '.join(f'{g} at {s}' for i, (s, g) in enumerate(seen) if i == 0 or g != seen[i - 1][1]))
+" "$run/metrics.jsonl"
     [ -d "$run/final" ] && echo "== $tag final written"
     ;;
 eval)
