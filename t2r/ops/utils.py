@@ -93,8 +93,8 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
     """Validate packed-sequence offsets; return the number of sequences (the batch if None).
 
     The offsets' values (0 first, `seq_len` last, strictly increasing) are read once per tensor and version, and
-    not under torch.compile, where reading them would break the graph at every op (`t2r.models.modeling` checks
-    a packed batch's offsets once per forward, before the compiled layers)."""
+    not under torch.compile, where reading them would break the graph at every op: there only their shape is
+    checked (a training run's offsets are `t2r.data.collate_packed`'s)."""
     if cu_seqlens is None:
         return batch
     if batch != 1:
