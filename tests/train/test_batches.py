@@ -99,3 +99,16 @@ def test_reading_ahead_raises_the_producers_error_and_stops_with_the_consumer():
     endless.close()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_the_training_stream_marks_its_offsets_for_any_document_count(tok):
+    """Every micro-batch of the stream has its packed offsets marked dynamic in length and its longest length a
+    power of two (`any_document_count`): the compiled layers take every batch with one set of graphs."""
+    counts = set()
+    for batch in micro_batches(partial(loader, tok), "cpu", epochs=1):
+        counts.add(batch["cu_seq_lens_q"].numel())
+        for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            assert 0 in getattr(batch[name], "_dynamo_weak_dynamic_indices", set()), name
+        longest = int(batch["cu_seq_lens_q"].diff().max())
+        assert batch["max_length_q"] >= longest and batch["max_length_q"] & (batch["max_length_q"] - 1) == 0
+    assert len(counts) > 1  # the stream's batches hold different numbers of documents
