@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .utils import OffsetsMemo
+
 __all__ = ["RCP_LN2", "prepare_chunks", "reverse_cumsum", "next_pow2", "is_interpreting", "num_segments",
            "segment_of_sequence", "carry_through_segments", "store_segment", "scan_passes", "chunk_bounds",
            "seq_bounds", "fits_one_anchor", "ONE_ANCHOR_SPAN"]
@@ -70,20 +72,12 @@ def prepare_chunks(
     """
     if cu_seqlens is None:
         return B, B * triton.cdiv(T, BT), None, None
-    for cached, version, bt, result in _CHUNK_TABLES:
-        if bt == BT and cached is cu_seqlens and cached._version == version:
-            return result
-    result = _chunk_tables(BT, cu_seqlens)
-    _CHUNK_TABLES.insert(0, (cu_seqlens, cu_seqlens._version, BT, result))
-    del _CHUNK_TABLES[4:]
-    return result
+    return _CHUNK_TABLES.get(cu_seqlens, BT, lambda: _chunk_tables(BT, cu_seqlens))
 
 
-_CHUNK_TABLES: list = []
-"""(cu_seqlens, its version, BT, tables) of the last calls, newest first: every layer of a forward and of its
-backward passes the same boundary tensor, so the tables (and the host sync that sizes them) are made once a
-micro-batch instead of once a layer and pass. The entry holds the tensor, so its memory cannot be reused by
-another while it is cached; an in-place change bumps its version."""
+_CHUNK_TABLES = OffsetsMemo()
+"""The chunk tables of the last offsets tensors (key: the chunk size BT): made, with the host sync that sizes
+them, once a micro-batch instead of once a layer and pass."""
 
 
 def _chunk_tables(BT: int, cu_seqlens: torch.Tensor):

@@ -81,11 +81,31 @@ def check_state(op: str, name: str, state: torch.Tensor | None, expected: Sequen
         )
 
 
-_CHECKED_OFFSETS: list = []
-"""(cu_seqlens, its version) whose values passed `check_cu_seqlens`, newest first: every layer of a forward and
-of its backward passes the same boundary tensor, so its values are read (a host sync) once, not once a layer.
-The entries hold their tensors, so no other tensor can take their place in memory while they are listed."""
-_CHECKED_KEEP = 4
+class OffsetsMemo:
+    """What was computed from a packed batch's offsets tensor (`cu_seqlens`), kept for the last `keep` (tensor,
+    version, key), newest first: every layer of a forward and of its backward passes the same tensor, so work that
+    reads its values (a host sync on a GPU) runs once a micro-batch instead of once a layer and pass. An entry holds
+    its tensor, so no other tensor can take its memory while listed; an in-place change bumps its version."""
+
+    def __init__(self, keep: int = 4):
+        self.keep, self.entries = keep, []
+
+    def get(self, cu_seqlens: torch.Tensor, key, compute: Callable[[], object]):
+        """`compute()` for (cu_seqlens, key), or what it gave before for the same tensor, version and key."""
+        for cached, version, cached_key, result in self.entries:
+            if cached is cu_seqlens and version == cu_seqlens._version and cached_key == key:
+                return result
+        result = compute()  # an error keeps nothing
+        self.entries.insert(0, (cu_seqlens, cu_seqlens._version, key, result))
+        del self.entries[self.keep:]
+        return result
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+_CHECKED_OFFSETS = OffsetsMemo()
+"""Offsets whose values passed `check_cu_seqlens` (key: the packed length they were checked against)."""
 
 
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
@@ -107,9 +127,12 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
             f"{op}: cu_seqlens must be a 1-D integer tensor [num_seqs + 1] of offsets, got "
             f"dtype {cu_seqlens.dtype} and shape {_shape(cu_seqlens)}"
         )
-    if torch.compiler.is_compiling() or any(
-            seen is cu_seqlens and version == cu_seqlens._version for seen, version in _CHECKED_OFFSETS):
+    if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
+    return _CHECKED_OFFSETS.get(cu_seqlens, seq_len, lambda: _check_offset_values(op, cu_seqlens, seq_len))
+
+
+def _check_offset_values(op: str, cu_seqlens: torch.Tensor, seq_len: int) -> int:
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0 or bounds[-1] != seq_len:
         raise ValueError(
@@ -120,8 +143,6 @@ def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor | None, batch: int,
         raise ValueError(
             f"{op}: cu_seqlens must be strictly increasing (no empty sequences), got {bounds}"
         )
-    _CHECKED_OFFSETS.insert(0, (cu_seqlens, cu_seqlens._version))
-    del _CHECKED_OFFSETS[_CHECKED_KEEP:]
     return len(bounds) - 1
 
 

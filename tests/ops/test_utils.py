@@ -70,3 +70,13 @@ def test_packed_offsets_are_read_once_a_tensor_and_again_after_a_change(monkeypa
         utils.check_cu_seqlens("op", offsets, 1, 8)
     with pytest.raises(ValueError, match="end at the packed length 9"):
         utils.check_cu_seqlens("op", torch.tensor([0, 3, 8]), 1, 9)
+
+
+def test_the_same_offsets_checked_against_another_length_are_read_again():
+    """The check's memo is per packed length: offsets that passed for one length are refused for another."""
+    from t2r.ops import utils
+
+    offsets = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert utils.check_cu_seqlens("op", offsets, 1, 8) == 2
+    with pytest.raises(ValueError, match="end at the packed length 9"):
+        utils.check_cu_seqlens("op", offsets, 1, 9)
