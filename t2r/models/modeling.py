@@ -59,13 +59,21 @@ def init_new_parameters(module, config) -> None:
         module.init_parameters(std=config.initializer_range)
 
 
+def rotary_of_type(rotary_emb, per_layer_type: bool, layer_type: str | None, like: torch.Tensor,
+                   position_ids: torch.Tensor):
+    """(cos, sin) `[B, T, R]` of the layers of `layer_type` at `position_ids` `[B, T]`, in `like`'s dtype: one
+    rotary embedding for every layer in most sources, one per type where the source's differs by type
+    (`SourceAdapter.rotary_per_layer_type`)."""
+    if per_layer_type:
+        return rotary_emb(like, position_ids, layer_type)
+    return rotary_emb(like, position_ids=position_ids)
+
+
 def rotary_at(rotary_emb, per_layer_type: bool, layer_types: tuple, like: torch.Tensor, position_ids: torch.Tensor,
               layer_idx: int):
-    """(cos, sin) `[B, T, R]` of layer `layer_idx`'s rotary embedding at `position_ids` `[B, T]`, in `like`'s
-    dtype: what the layer's keys were rotated with when they arrived (a window's ring rotates them again)."""
-    if per_layer_type:
-        return rotary_emb(like, position_ids, layer_types[layer_idx])
-    return rotary_emb(like, position_ids=position_ids)
+    """Layer `layer_idx`'s (cos, sin): what its keys were rotated with when they arrived (a window's ring
+    rotates them again)."""
+    return rotary_of_type(rotary_emb, per_layer_type, layer_types[layer_idx], like, position_ids)
 
 
 class T2RModelMixin:
@@ -111,12 +119,11 @@ class T2RModelMixin:
         return masks[self.config.layer_types[layer_idx]]
 
     def position_embeddings_by_type(self, hidden_states, position_ids) -> dict:
-        """(cos, sin) per layer type: one rotary embedding shared by every layer in most sources, one per type
-        where the source's differs by type (`SourceAdapter.rotary_per_layer_type`)."""
+        """(cos, sin) per layer type (`rotary_of_type`), computed once where every type shares one."""
+        kinds = set(self.config.layer_types)
         if self.rotary_per_layer_type:
-            return {kind: self.rotary_emb(hidden_states, position_ids, kind) for kind in set(self.config.layer_types)}
-        shared = self.rotary_emb(hidden_states, position_ids=position_ids)
-        return dict.fromkeys(set(self.config.layer_types), shared)
+            return {kind: rotary_of_type(self.rotary_emb, True, kind, hidden_states, position_ids) for kind in kinds}
+        return dict.fromkeys(kinds, rotary_of_type(self.rotary_emb, False, None, hidden_states, position_ids))
 
     @merge_with_config_defaults
     @capture_outputs
