@@ -50,14 +50,18 @@ def steady_steps(run: Path, stage: str | None, checkpoint_every: int) -> list[in
 
 
 def stage_medians(run: Path) -> str:
-    """Median tokens/s of each stage of `run`, over its steps from the third on."""
+    """Median tokens/s of each stage of `run` and its quartiles, over its steps from the third on."""
     path = run if run.is_file() else run / "metrics.jsonl"
     by_stage: dict = {}
     for row in map(json.loads, path.read_text().splitlines()):
         if "tokens_per_s" in row:
             by_stage.setdefault(row.get("stage", "train"), {})[row["step"]] = row["tokens_per_s"]
-    return ", ".join(f"{stage} {statistics.median([rates[s] for s in sorted(rates)[2:]] or list(rates.values())):,.0f}"
-                     for stage, rates in by_stage.items())
+    parts = []
+    for stage, rates in by_stage.items():
+        steady = [rates[s] for s in sorted(rates)[2:]] or list(rates.values())
+        low, _, high = statistics.quantiles(steady, n=4) if len(steady) > 1 else (steady[0],) * 3
+        parts.append(f"{stage} {statistics.median(steady):,.0f} ({low:,.0f}-{high:,.0f})")
+    return ", ".join(parts)
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -96,7 +100,7 @@ def main() -> None:
         quartiles = statistics.quantiles(ratios, n=4)
         print(f"tokens/s of b over a: median {statistics.median(ratios):.2f} (quartiles {quartiles[0]:.2f}-"
               f"{quartiles[2]:.2f}) over {len(ratios)} steps")
-        print(f"median tokens/s by stage: a {stage_medians(args.a)}; b {stage_medians(args.b)}")
+        print(f"median tokens/s by stage (quartiles): a {stage_medians(args.a)}; b {stage_medians(args.b)}")
     if not (args.a / "final").is_dir() or not (args.b / "final").is_dir():
         return
     wa, wb = weights(args.a), weights(args.b)
