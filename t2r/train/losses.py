@@ -30,16 +30,22 @@ def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempe
 
 @contextlib.contextmanager
 def hidden_states_as_logits(model):
-    """Inside, `model(...).logits` are the final hidden states its output head reads (the head hands back its
-    input); yields the head's weight. `model` may be wrapped (DDP's `module`, peft)."""
+    """Inside, `model(...).logits` are the final hidden states its output head reads: the head hands back its
+    input without computing the [tokens, vocabulary] product (2 x tokens x hidden x vocabulary FLOPs and a
+    logits tensor a forward that nobody reads); yields the head's weight. `model` may be wrapped (DDP's
+    `module`, peft)."""
     while hasattr(model, "module"):
         model = model.module
     head = model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda module, args, output: args[0])
+    head.forward = _hand_back  # an instance attribute shadows the class's forward until deleted
     try:
         yield head.weight
     finally:
-        handle.remove()
+        del head.forward
+
+
+def _hand_back(hidden_states: torch.Tensor) -> torch.Tensor:
+    return hidden_states
 
 
 def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
@@ -76,9 +82,12 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
                     parts["attention_mse"] = targets.mse(student_forward)
                 total = sum(weights[name] * value for name, value in parts.items())
                 return total, {name: value.detach().float() for name, value in parts.items()}
-            if "kl" in weights or targets is not None:
+            if "kl" in weights:
                 with torch.no_grad():
                     target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            elif targets is not None:  # attention MSE alone: the teacher's forward only as far as the hooks read
+                with torch.no_grad(), hidden_states_as_logits(teacher):
+                    targets.fill(teacher, {k: v for k, v in batch.items() if k != "labels"})
             if "next_token" in weights or "kl" in weights:
                 out = model(**batch)
                 if "next_token" in weights:

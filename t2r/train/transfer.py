@@ -47,11 +47,16 @@ def shard_apart(model: nn.Module) -> None:
     model._no_split_modules = kept + [name for name in names if name not in kept]
 
 
+class _Filled(Exception):
+    """Raised by the last paired layer's hook inside `AttentionTargets.fill`: the teacher's forward is done."""
+
+
 class AttentionTargets:
-    """Forward hooks on the teacher's source attention layers: after each teacher forward, `mse()` is the
-    mean over converted layers of MSE(student_l(x_l), teacher_l(x_l)) on what the hooks kept (x_l, the
-    layer's input in the teacher, and its output). `close()` removes the hooks. With `through_forward`, `mse`
-    takes a call of the whole student and reads student_l(x_l) inside it (FSDP)."""
+    """Forward hooks on the teacher's source attention layers: after a teacher forward (whole, or `fill`'s, cut
+    after the last paired layer), `mse()` is the mean over converted layers of MSE(student_l(x_l),
+    teacher_l(x_l)) on what the hooks kept (x_l, the layer's input in the teacher, and its output). `close()`
+    removes the hooks. With `through_forward`, `mse` takes a call of the whole student and reads
+    student_l(x_l) inside it (FSDP)."""
 
     def __init__(self, student: nn.Module, teacher: nn.Module, pairs=None, through_forward: bool = False):
         self.pairs = pairs if pairs is not None else layer_pairs(student, teacher)
@@ -60,13 +65,28 @@ class AttentionTargets:
         self.through_forward = through_forward
         self.captured: dict[int, tuple[dict, torch.Tensor]] = {}
         self.handles = [t.register_forward_hook(self._capture(i), with_kwargs=True) for i, _, t in self.pairs]
+        self._stop_after = None  # the index whose capture ends the teacher's forward, inside `fill`
 
     def _capture(self, index: int):
         @torch._dynamo.disable  # not traced in a compiled layer: each layer's index would be a guard, and a graph
         def hook(module, args, kwargs, output):
             self.captured[index] = ({**kwargs, "hidden_states": args[0] if args else kwargs["hidden_states"]},
                                     output[0])
+            if index == self._stop_after:
+                raise _Filled
         return hook
+
+    def fill(self, teacher: nn.Module, inputs: dict) -> None:
+        """Runs the teacher's forward on `inputs` as far as its last paired attention layer: the layers after it,
+        the last one's MLP and the output head compute nothing the MSE reads. Under FSDP (`through_forward`) the
+        forward runs whole: cutting it short would leave the sharded units gathered."""
+        self._stop_after = None if self.through_forward else max(i for i, _, _ in self.pairs)
+        try:
+            teacher(**inputs)
+        except _Filled:
+            pass
+        finally:
+            self._stop_after = None
 
     def _inputs(self, index: int) -> dict:
         """The keyword arguments student_l gets: x_l and the teacher's positions (the softmax mask and the KV
