@@ -5,8 +5,9 @@
 #
 #   bash benchmarks/repro/two_cards.sh one                 # the frontier recipe to step 100 on card 0 alone
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
-#   bash benchmarks/repro/two_cards.sh ddp-cut             # DDP again, SIGTERM to the launcher after step 60,
-#                                                          # then --resume to step 100 (runs/ddp-cut)
+#   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
+#   bash benchmarks/repro/two_cards.sh ddp-cut | fsdp-cut  # DDP (FSDP2) again, SIGTERM to the launcher after step
+#                                                          # 60, then --resume to step 100 (runs/ddp-cut, fsdp-cut)
 #   bash benchmarks/repro/two_cards.sh kill-rank           # SIGKILL to rank 1 after step 55, then --resume
 #   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 40-44: card 0, then each DDP rank
 #   bash benchmarks/repro/two_cards.sh eval NAME...        # perplexity and KL at 2K of runs/NAME/final
@@ -52,6 +53,14 @@ stop_after() {  # stop_after NAME STEP SIGNAL PATTERN: once runs/NAME logged STE
     pkill "-$signal" -f -o "$pattern" && echo "== $signal sent after step $step to the oldest process matching $pattern"
 }
 
+cut() {  # cut NAME CONFIG PORT: SIGTERM to the launcher after step 60 (a checkpoint at 50), then --resume to step 100
+    local name=$1 config=$2 port=$3
+    stop_after "$name" 60 TERM "accelerate.commands.launch" &
+    two "$name" "$config" "$port"
+    ls -d "runs/$name"/step-* 2>/dev/null
+    two "$name" "$config" "$port" --resume
+}
+
 case $1 in
 one)
     watch_gpus one
@@ -60,12 +69,9 @@ one)
     ;;
 ddp) two ddp recipes/accelerate/ddp-2gpu.yaml 29511 ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
-ddp-cut)
-    stop_after ddp-cut 60 TERM "accelerate.commands.launch" &
-    two ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513
-    ls -d runs/ddp-cut/step-* 2>/dev/null
-    two ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 --resume
-    ;;
+ddp-bf16) two ddp-bf16 recipes/accelerate/ddp-2gpu.yaml 29517 train.gradient_sync=bf16 ;;
+ddp-cut) cut ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 ;;
+fsdp-cut) cut fsdp-cut recipes/accelerate/fsdp2-2gpu.yaml 29518 ;;
 kill-rank)
     # rank 1's process is the youngest t2r.cli finetune of the pair: SIGKILL it mid-distill
     ( until grep -q '"step": 55,' runs/kill-rank/metrics.jsonl 2>/dev/null; do sleep 0.2; done
@@ -118,5 +124,5 @@ m7)
     echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
     grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
     ;;
-*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
 esac

@@ -35,6 +35,7 @@ DTYPES = DTYPE_NAMES
 SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
 TRAINABLE = ("all", "attention", "gates", "lora")
+GRADIENT_SYNC = ("fp32", "bf16")
 TRACKERS = ("tensorboard", "wandb")
 
 
@@ -91,6 +92,10 @@ class TrainSection:
     """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
     (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
     FSDP (the head's weight is sharded there) or with soft-capped logits, where the plain loss runs."""
+    gradient_sync: str = "fp32"
+    """How data-parallel processes (DDP) average their gradients: fp32, or bf16 (torch's bf16 compression hook:
+    half the bytes all-reduced, each process's gradient rounded to bf16 before the mean). Nothing changes on
+    one process or under FSDP."""
     compile: bool = False
     """Regional compilation of the student and the teacher (`t2r.models.compilation`: each decoder layer through
     torch.compile, one graph shared by the layers): faster steps after a first step that compiles."""
@@ -101,7 +106,7 @@ class TrainSection:
         "max_steps": {"min": 1, "max": STEPS_MAX}, "max_tokens": {"min": 1, "max": TOKENS_MAX},
         "seed": {"min": 0, "max": SEED_MAX}, "mixed_precision": {"choices": MIXED_PRECISION},
         "trainable": {"choices": TRAINABLE}, "max_nonfinite_steps": {"min": 1, "max": STEPS_MAX},
-        "max_collapsed_steps": {"min": 1, "max": STEPS_MAX},
+        "max_collapsed_steps": {"min": 1, "max": STEPS_MAX}, "gradient_sync": {"choices": GRADIENT_SYNC},
     }
 
     @property

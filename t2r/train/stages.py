@@ -28,6 +28,7 @@ from t2r.words import counted
 from . import checkpoint, logs
 from .batches import heldout_loss, micro_batches, packed_loader
 from .errors import CheckpointError
+from .gradient_sync import use_gradient_sync
 from .losses import stage_loss
 from .model_setup import build_model, place_teacher, select_trainable, trainable_parameters
 from .recipe import needs_teacher
@@ -109,6 +110,7 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
         shard_apart(model)
     with clock.part("prepare"):
         model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train))
+        use_gradient_sync(model, recipe.train.gradient_sync)
         if teacher is not None:
             place_teacher(teacher, accelerator.device)
     if found is not None:

@@ -15,6 +15,7 @@ import torch
 
 from . import checkpoint, logs, signals
 from .errors import CollapseError, NonFiniteError
+from .gradient_sync import average_gradients
 from .guard import CollapseGuard, NonFiniteGuard, weights_finite
 from .recipe import save_resolved
 
@@ -134,9 +135,7 @@ class StepLoop:
         window.read(accelerator)
         if accelerator.num_processes > 1:
             if run.manual_grad_sync:
-                for p in run.params:
-                    if p.grad is not None:
-                        p.grad = accelerator.reduce(p.grad, "mean")
+                average_gradients(accelerator, run.params, self.recipe.train.gradient_sync)
         grad_norm = float(accelerator.clip_grad_norm_(run.params, self.recipe.train.grad_clip or math.inf))
         lr = run.peak_lr * run.lr_at(self.step - run.first)
         applied = self.guard.check(self.step + 1, window.loss, grad_norm)

@@ -159,3 +159,17 @@ def test_a_full_disk_on_one_process_is_one_line_on_each_and_resume_finishes(tmp_
     assert ckpt.verify(run / "step-00000002") is None
     torchrun_finetune(tmp_path / "full.yaml", OVERRIDES, "--resume")
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_gradients_synced_in_bf16_round_each_processs_gradient_before_the_mean(tmp_path, source_dir, corpus,
+                                                                                 one_process):
+    """`train.gradient_sync: bf16` (DDP's bf16 compression hook): two processes still train the weights of one up
+    to the rounding of their gradients to bf16, which leaves them measurably apart from the fp32 sync's 1e-5."""
+    overrides = {**OVERRIDES, "train.gradient_sync": "bf16"}
+    recipe(tmp_path, source_dir, corpus, run="bf16", **overrides)  # writes bf16.yaml
+    torchrun_finetune(tmp_path / "bf16.yaml", overrides)
+    b = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
+    apart = max((b[k] - one_process[k]).abs().max().item() for k in one_process)
+    for name in one_process:
+        torch.testing.assert_close(b[name], one_process[name], rtol=0, atol=2e-3, msg=name)
+    assert apart > 1e-5, apart
