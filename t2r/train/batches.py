@@ -11,7 +11,7 @@ from itertools import islice
 from typing import Callable, Iterable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from t2r.data import PackedSequences, collate_packed, load_documents
 from t2r.models.compilation import any_document_count
@@ -37,6 +37,7 @@ def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start:
 
 
 PREFETCH = 2  # micro-batches a training stream tokenises and packs ahead, beside the step that trains
+READERS = ("thread", "process")
 _EXITING = threading.Event()  # set at interpreter exit: every reading-ahead thread stops
 
 
@@ -89,6 +90,68 @@ def ahead(items: Iterable, depth: int) -> Iterator:
         stop.set()
 
 
+def _reader_context():
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def _reader_ignores_stop_signals(worker_id: int) -> None:
+    """A reader leaves SIGINT and SIGTERM to the trainer, which finishes its step on them (a terminal's Ctrl-C and
+    a scheduler's SIGTERM reach every process of the group): the step's micro-batches still come. It ends with
+    the stream, or with the trainer (DataLoader's watchdog)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def start_readers() -> None:
+    """Starts the forkserver that reader processes fork from, where it imports this module (torch, t2r,
+    transformers: 10-20 s on a GPU machine) beside what the trainer does before its first micro-batch (loading,
+    ranking layers, compiling), instead of while the first step waits for it."""
+    from multiprocessing import forkserver
+
+    _reader_context()
+    forkserver.ensure_running()
+
+
+class _Epoch(IterableDataset):
+    """One epoch of a stream from `begin`, made where it is iterated (in a reader process: `make_loader`
+    travels there pickled)."""
+
+    def __init__(self, make_loader: Callable[..., Iterable[dict]], epoch: int, begin: tuple[int, int]):
+        self.make_loader, self.epoch, self.begin = make_loader, epoch, begin
+
+    def __iter__(self):
+        yield from (self.make_loader(self.epoch, start=self.begin) if self.begin != (0, 0)
+                    else self.make_loader(self.epoch))
+
+
+def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, begin: tuple[int, int],
+                      depth: int) -> Iterator[dict]:
+    """The micro-batches of `_Epoch(make_loader, epoch, begin)`, made `depth` ahead in a process of their own: a
+    reading thread shares the GIL with the thread that launches the GPU's kernels, and tokenising and packing a
+    micro-batch flat out slowed a Python-bound loop beside it to 0.66x (benchmarks/bench_data_stream.py --gil).
+    The process is forked from a forkserver that imported only this module (never from the trainer, which holds
+    CUDA, NCCL and compile threads); it ends with the epoch, or when the consumer stops."""
+    loader = DataLoader(_Epoch(make_loader, epoch, begin), batch_size=None, num_workers=1,
+                        prefetch_factor=max(depth, 1), multiprocessing_context=_reader_context(),
+                        worker_init_fn=_reader_ignores_stop_signals)
+    items = iter(loader)
+    try:
+        yield from items
+    finally:
+        items._shutdown_workers()
+
+
+def default_reader(on_gpu: bool, prefetch: int) -> str:
+    """Where a stream reads ahead unless told: a process beside a GPU, a thread on the CPU."""
+    return "process" if on_gpu and prefetch > 0 else "thread"
+
+
 class MicroBatches:
     """This process's micro-batches on `device`: every `world`-th of one deterministic stream of
     epochs (`make_loader(epoch)`, repeated until `epochs`, or forever), after the first `skip` (global)
@@ -102,12 +165,17 @@ class MicroBatches:
 
     def __init__(self, make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
                  skip: int = 0, epochs: int | None = None, start: dict | None = None, key: dict | None = None,
-                 prefetch: int = PREFETCH):
+                 prefetch: int = PREFETCH, reader: str | None = None):
         if start is not None and start["index"] > skip:
             raise ValueError(f"a stream position at micro-batch {start['index']} is past skip={skip}")
         self.make_loader, self.device, self.rank, self.world, self.skip = make_loader, device, rank, world, skip
         self.epochs, self.key = epochs, dict(key or {})
         self.prefetch, self.pinned = prefetch, torch.device(device).type == "cuda"  # copies beside the host
+        # where the reading ahead runs: a process of its own beside a GPU's launching thread, a thread on the CPU
+        # (where the steps compute rather than launch, and a process would only add its start)
+        self.reader = reader or default_reader(self.pinned, prefetch)
+        if self.reader not in READERS:
+            raise ValueError(f"reader={self.reader!r}: one of {', '.join(READERS)}")
         self.at = ({"epoch": start["epoch"], "index": start["index"], "doc": start["doc"], "offset": start["offset"]}
                    if start is not None else {"epoch": 0, "index": 0, "doc": 0, "offset": 0})
         self._stream = self._all()
@@ -117,15 +185,21 @@ class MicroBatches:
         epoch = self.at["epoch"]
         while self.epochs is None or epoch < self.epochs:
             begin = (self.at["doc"], self.at["offset"])
-            loader = self.make_loader(epoch, start=begin) if begin != (0, 0) else self.make_loader(epoch)
             first = self.at["index"]
-            for batch in ahead(loader, self.prefetch):
-                following = batch.pop("stream_next", None)
-                index = self.at["index"]
-                self.at = {"epoch": epoch, "index": index + 1, "doc": None, "offset": None}
-                if following is not None:
-                    self.at.update(doc=following[0], offset=following[1])
-                yield index, batch
+            if self.reader == "process":
+                read = in_reader_process(self.make_loader, epoch, begin, self.prefetch)
+            else:
+                read = ahead(_Epoch(self.make_loader, epoch, begin), self.prefetch)
+            try:
+                for batch in read:
+                    following = batch.pop("stream_next", None)
+                    index = self.at["index"]
+                    self.at = {"epoch": epoch, "index": index + 1, "doc": None, "offset": None}
+                    if following is not None:
+                        self.at.update(doc=following[0], offset=following[1])
+                    yield index, batch
+            finally:  # the reader stops with the stream, not when the garbage collector finds it
+                read.close()
             if self.at["index"] == first and begin == (0, 0):  # a whole epoch without one micro-batch
                 if epoch == 0 and self.epochs is None:
                     raise ValueError("the training data gave no full micro-batch (train.micro_batch_size rows of "
@@ -163,9 +237,9 @@ class MicroBatches:
 
 def micro_batches(make_loader: Callable[..., Iterable[dict]], device, rank: int = 0, world: int = 1,
                   skip: int = 0, epochs: int | None = None, start: dict | None = None,
-                  key: dict | None = None, prefetch: int = PREFETCH) -> MicroBatches:
+                  key: dict | None = None, prefetch: int = PREFETCH, reader: str | None = None) -> MicroBatches:
     """`MicroBatches(...)`: this process's share of the stream, from `start` (a `position`) when given."""
-    return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key, prefetch)
+    return MicroBatches(make_loader, device, rank, world, skip, epochs, start, key, prefetch, reader)
 
 
 def heldout_loss(model, recipe, tokenizer, device, rank: int = 0, world: int = 1, max_batches: int = 50) -> float:

@@ -112,3 +112,63 @@ def test_the_training_stream_marks_its_offsets_for_any_document_count(tok):
         longest = int(batch["cu_seq_lens_q"].diff().max())
         assert batch["max_length_q"] >= longest and batch["max_length_q"] & (batch["max_length_q"] - 1) == 0
     assert len(counts) > 1  # the stream's batches hold different numbers of documents
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_reader_process_gives_the_threads_micro_batches_and_positions(tok, world):
+    """The reader process (the default beside a GPU) changes neither the micro-batches of any rank nor the
+    positions a resume starts from, nor a stream begun at one of them."""
+    make = partial(loader, tok)
+    for rank in range(world):
+        thread = ids(micro_batches(make, "cpu", rank, world, epochs=2, reader="thread"))
+        process = ids(micro_batches(make, "cpu", rank, world, epochs=2, reader="process"))
+        assert process == thread and len(thread) > 4
+        positions = []
+        for reader in ("process", "thread"):
+            stream = micro_batches(make, "cpu", rank, world, epochs=2, reader=reader)
+            list(islice(stream, 3))
+            positions.append(stream.position(3 * world))
+            stream.close()
+        position = positions[0]
+        assert position == positions[1] and position is not None
+        resumed = micro_batches(make, "cpu", rank, world, skip=3 * world, epochs=2, start=position, reader="process")
+        assert ids(resumed) == thread[3:]
+
+
+def failing_loader(epoch, start=(0, 0)):
+    yield {"input_ids": torch.tensor([[1]])}
+    raise ValueError("the third document is not text")
+
+
+def endless_loader(epoch, start=(0, 0)):
+    import itertools
+
+    for i in itertools.count():
+        yield {"input_ids": torch.tensor([[i]])}
+
+
+def test_a_reader_process_raises_its_error_here_and_ends_with_the_stream():
+    """...and leaves SIGINT and SIGTERM to the trainer (a terminal's Ctrl-C reaches the whole process group)."""
+    import multiprocessing
+    import os
+    import signal
+
+    from t2r.train.batches import start_readers
+
+    start_readers()
+    stream = iter(micro_batches(failing_loader, "cpu", epochs=1, reader="process"))
+    assert next(stream)["input_ids"].item() == 1
+    with pytest.raises(ValueError, match="the third document is not text"):
+        next(stream)
+    before = set(multiprocessing.active_children())
+    endless = micro_batches(endless_loader, "cpu", reader="process")
+    assert [b["input_ids"].item() for b in islice(endless, 3)] == [0, 1, 2]
+    (reader,) = set(multiprocessing.active_children()) - before
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        os.kill(reader.pid, stop)
+    assert [b["input_ids"].item() for b in islice(endless, 20)] == list(range(3, 23)) and reader.is_alive()
+    endless.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    with pytest.raises(ValueError, match="reader='fork'"):
+        micro_batches(endless_loader, "cpu", reader="fork")
