@@ -18,7 +18,6 @@ compiles (inductor fuses the norms, rotary, gate arithmetic and casts of a layer
 ``benchmarks/bench_train.py --modes compiled`` measures it with regional compilation (each decoder layer
 compiled once, shared by all layers); ``benchmarks/graph_break_cost.py`` what a break costs.
 """
-import functools
 import os
 import warnings
 
@@ -34,9 +33,19 @@ SUPPORTED_TRITON = ((3, 6), (3, 9))
 """[low, high) triton versions the kernels run on: block pointers are gone from 3.9."""
 
 
-@functools.lru_cache(maxsize=1)
+_IMPORTABLE: list[bool] = []  # the answer of `_triton_importable`, once known
+
+
 def _triton_importable() -> bool:
-    """triton imports and is a version the kernels support (else the PyTorch forms run, with a warning)."""
+    """triton imports and is a version the kernels support (else the PyTorch forms run, with a warning). Asked
+    once a process; a list, not `functools.lru_cache`, which torch.compile traces through with a warning in every
+    compiled run's log."""
+    if not _IMPORTABLE:
+        _IMPORTABLE.append(_check_triton())
+    return _IMPORTABLE[0]
+
+
+def _check_triton() -> bool:
     try:
         import triton
     except ImportError:
@@ -45,7 +54,7 @@ def _triton_importable() -> bool:
     if not SUPPORTED_TRITON[0] <= version < SUPPORTED_TRITON[1]:
         warnings.warn(
             f"triton {triton.__version__} is outside the supported range {SUPPORTED_TRITON}: t2r uses its "
-            "PyTorch ops instead of its kernels (pip install 'triton>=3.6,<3.9')", stacklevel=3,
+            "PyTorch ops instead of its kernels (pip install 'triton>=3.6,<3.9')", stacklevel=4,
         )
         return False
     return True
