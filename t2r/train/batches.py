@@ -37,7 +37,6 @@ def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start:
 
 
 PREFETCH = 2  # micro-batches a training stream tokenises and packs ahead, beside the step that trains
-READERS = ("thread", "process")
 _EXITING = threading.Event()  # set at interpreter exit: every reading-ahead thread stops
 
 
@@ -147,9 +146,14 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
         items._shutdown_workers()
 
 
-def default_reader(on_gpu: bool, prefetch: int) -> str:
-    """Where a stream reads ahead unless told: a process beside a GPU, a thread on the CPU."""
-    return "process" if on_gpu and prefetch > 0 else "thread"
+def resolved_reader(reader: str | None, on_gpu: bool, prefetch: int = PREFETCH) -> str:
+    """Where a stream reads ahead (`data.reader`): auto (or None) is a process beside a GPU, a thread on the CPU
+    (where the steps compute rather than launch, and a process would only add its start)."""
+    if reader in (None, "auto"):
+        return "process" if on_gpu and prefetch > 0 else "thread"
+    if reader not in ("process", "thread"):
+        raise ValueError(f"reader={reader!r}: one of auto, process, thread")
+    return reader
 
 
 class MicroBatches:
@@ -171,11 +175,7 @@ class MicroBatches:
         self.make_loader, self.device, self.rank, self.world, self.skip = make_loader, device, rank, world, skip
         self.epochs, self.key = epochs, dict(key or {})
         self.prefetch, self.pinned = prefetch, torch.device(device).type == "cuda"  # copies beside the host
-        # where the reading ahead runs: a process of its own beside a GPU's launching thread, a thread on the CPU
-        # (where the steps compute rather than launch, and a process would only add its start)
-        self.reader = reader or default_reader(self.pinned, prefetch)
-        if self.reader not in READERS:
-            raise ValueError(f"reader={self.reader!r}: one of {', '.join(READERS)}")
+        self.reader = resolved_reader(reader, self.pinned, prefetch)
         self.at = ({"epoch": start["epoch"], "index": start["index"], "doc": start["doc"], "offset": start["offset"]}
                    if start is not None else {"epoch": 0, "index": 0, "doc": 0, "offset": 0})
         self._stream = self._all()

@@ -24,7 +24,7 @@ from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
-from .batches import heldout_loss, start_readers
+from .batches import heldout_loss, resolved_reader, start_readers
 from .checks import check_positions
 from .errors import CollapseError, NonFiniteError
 from .export import save_final
@@ -105,8 +105,8 @@ def _check_data(recipe) -> str | None:
 def _train(recipe, accelerator, resume: bool, overwrite: bool, callbacks, clock: StartupClock) -> dict:
     from accelerate.utils import set_seed
 
-    if accelerator.device.type == "cuda":  # the training stream is read ahead in a process there
-        start_readers()
+    if resolved_reader(recipe.data.reader, on_gpu=accelerator.device.type == "cuda") == "process":
+        start_readers()  # its imports beside the loading and ranking below
     found, changes = from_main_process(lambda: choose_start(recipe, resume, overwrite, accelerator.print))
     data_files = from_main_process(lambda: fingerprint(recipe.data.data_config()))
     write_recipe = lambda d: save_resolved(recipe, d)  # noqa: E731

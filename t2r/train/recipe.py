@@ -36,6 +36,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("bf16", "fp16", "no")
 TRAINABLE = ("all", "attention", "gates", "lora")
 GRADIENT_SYNC = ("fp32", "bf16")
+READERS = ("auto", "process", "thread")
 TRACKERS = ("tensorboard", "wandb")
 
 
@@ -58,8 +59,12 @@ class DataSection(DataConfig):
 
     seq_len: int = 2048
     document_boundaries: bool = True  # reset the state / mask attention at document starts
+    reader: str = "auto"
+    """Where the training stream is tokenised and packed ahead of the step: auto (a process of its own beside a
+    GPU, whose launching thread a reading thread would share the GIL with; a thread on the CPU), process, or
+    thread (a tokenizer that cannot be pickled into another process). The micro-batches are the same."""
     RULES: ClassVar[dict] = {
-        "path": {"nonempty": True}, "held_out": {"min": 0, "max": STEPS_MAX},
+        "path": {"nonempty": True}, "held_out": {"min": 0, "max": STEPS_MAX}, "reader": {"choices": READERS},
         "shuffle_buffer": {"min": 0, "max": LENGTH_MAX},
         "max_documents": {"min": 1, "max": STEPS_MAX}, "max_skipped": {"min": 0, "max": 1},
         "seq_len": {"min": 2, "max": LENGTH_MAX},  # one token per row leaves nothing to predict

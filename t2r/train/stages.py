@@ -204,7 +204,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer,
                "whole_micro_batches": True}
     batches = micro_batches(partial(packed_loader, recipe, tokenizer, "train", stage=stage), accelerator.device,
                             accelerator.process_index, world, skip=skip, key=packing,
-                            start=_stream_start(state.get("data_position"), skip, packing))
+                            start=_stream_start(state.get("data_position"), skip, packing), reader=recipe.data.reader)
     unwrapped = accelerator.unwrap_model(model)
     sharded = _sharded(accelerator)
     targets = (AttentionTargets(unwrapped, teacher, through_forward=sharded) if stage.loss.get("attention_mse")

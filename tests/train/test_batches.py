@@ -170,5 +170,5 @@ def test_a_reader_process_raises_its_error_here_and_ends_with_the_stream():
     endless.close()
     reader.join(timeout=10)
     assert not reader.is_alive()
-    with pytest.raises(ValueError, match="reader='fork'"):
+    with pytest.raises(ValueError, match="reader='fork': one of auto, process, thread"):
         micro_batches(endless_loader, "cpu", reader="fork")

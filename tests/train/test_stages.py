@@ -300,16 +300,15 @@ def test_stepped_parameters_follow_the_optimizer_to_replaced_parameters():
 
 
 def test_stages_read_by_a_reader_process_train_the_same_weights(tmp_path, source_dir, corpus, straight, monkeypatch):
-    """The reader process (the default beside a GPU) through a whole staged run, a stage switch and checkpoints
-    included: the weights of the run read by a thread."""
+    """`data.reader: process` (what auto is beside a GPU) through a whole staged run, a stage switch and
+    checkpoints included: the weights of the run read by a thread (auto on the CPU)."""
     from safetensors.torch import load_file
 
     import t2r.train.batches as batches
 
-    monkeypatch.setattr(batches, "default_reader", lambda on_gpu, prefetch: "process")
     epochs, read = [], batches.in_reader_process
     monkeypatch.setattr(batches, "in_reader_process", lambda *a: epochs.append(a[1:3]) or read(*a))
-    finetune(staged(tmp_path, source_dir, corpus, run="process"))
+    finetune(staged(tmp_path, source_dir, corpus, run="process", **{"data.reader": "process"}))
     assert len(epochs) >= 3  # a reader for each stage at least
     a = load_file(Path(straight[0].checkpoint.dir) / "final" / "model.safetensors")
     b = load_file(tmp_path / "process" / "final" / "model.safetensors")
