@@ -4,8 +4,10 @@ over processes (resumable by skipping what was trained), and the held-out loss m
 from __future__ import annotations
 
 import atexit
+import pickle
 import queue
 import threading
+import warnings
 from functools import partial
 from itertools import islice
 from typing import Callable, Iterable, Iterator
@@ -139,7 +141,13 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
     loader = DataLoader(_Epoch(make_loader, epoch, begin), batch_size=None, num_workers=1,
                         prefetch_factor=max(depth, 1), multiprocessing_context=_reader_context(),
                         worker_init_fn=_reader_ignores_stop_signals)
-    items = iter(loader)
+    try:
+        with warnings.catch_warnings():  # torch's own advice there (the fork start method) is not ours
+            warnings.filterwarnings("ignore", message="Got pickle error")
+            items = iter(loader)  # the stream (its tokenizer too) is pickled to the reader here
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise ValueError(f"the training stream cannot be sent to a reader process ({error}): set data.reader=thread "
+                         "to read it in a thread of this process") from error
     try:
         yield from items
     finally:

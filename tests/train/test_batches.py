@@ -172,3 +172,21 @@ def test_a_reader_process_raises_its_error_here_and_ends_with_the_stream():
     assert not reader.is_alive()
     with pytest.raises(ValueError, match="reader='fork': one of auto, process, thread"):
         micro_batches(endless_loader, "cpu", reader="fork")
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'tokenizers.Tokenizer' object")
+
+
+def test_a_stream_that_cannot_reach_a_reader_process_says_to_read_it_in_a_thread():
+    """A tokenizer that cannot be pickled (a user's own) fails in one line that names the way out."""
+    held = Unpicklable()
+    stream = micro_batches(partial(endless_loader_with, held), "cpu", reader="process")
+    with pytest.raises(ValueError, match="cannot be sent to a reader process .*set data.reader=thread"):
+        next(iter(stream))
+    assert next(iter(micro_batches(partial(endless_loader_with, held), "cpu", reader="thread")))["input_ids"] == 0
+
+
+def endless_loader_with(tokenizer, epoch, start=(0, 0)):
+    return endless_loader(epoch, start)
