@@ -24,3 +24,21 @@ def test_the_triton_check_is_asked_once_and_compiles_without_a_warning(monkeypat
         backend._triton_importable()
     assert torch.equal(out, torch.ones(3)) and calls == [1]
     assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_the_triton_cache_directory_is_pinned_once_known(monkeypatch, tmp_path):
+    """Inductor sets TRITON_CACHE_DIR to its own directory when unset: t2r pins Triton's first, so that its kernels
+    compiled before Inductor's first (the ranking) and after it land in one directory; a directory already set
+    stays."""
+    import os
+
+    import pytest
+
+    knobs = pytest.importorskip("triton").knobs
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    default = knobs.cache.dir
+    backend.one_cache_dir()
+    assert os.environ["TRITON_CACHE_DIR"] == default == knobs.cache.dir
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    backend.one_cache_dir()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path) == knobs.cache.dir
