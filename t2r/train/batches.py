@@ -92,8 +92,12 @@ def ahead(items: Iterable, depth: int) -> Iterator:
 
 
 def _reader_context():
+    """forkserver (its server imports this module once; every reader forks from it), or spawn where there is no
+    forkserver (Windows)."""
     import multiprocessing
 
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     return context
@@ -113,10 +117,10 @@ def start_readers() -> None:
     """Starts the forkserver that reader processes fork from, where it imports this module (torch, t2r,
     transformers: 10-20 s on a GPU machine) beside what the trainer does before its first micro-batch (loading,
     ranking layers, compiling), instead of while the first step waits for it."""
-    from multiprocessing import forkserver
+    if _reader_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
 
-    _reader_context()
-    forkserver.ensure_running()
+        forkserver.ensure_running()
 
 
 class _Epoch(IterableDataset):
