@@ -32,20 +32,34 @@ def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempe
 def hidden_states_as_logits(model):
     """Inside, `model(...).logits` are the final hidden states its output head reads: the head hands back its
     input without computing the [tokens, vocabulary] product (2 x tokens x hidden x vocabulary FLOPs and a
-    logits tensor a forward that nobody reads); yields the head's weight. `model` may be wrapped (DDP's
-    `module`, peft)."""
+    logits tensor a forward that nobody reads); yields the head (read its weight after the forward: under FSDP2
+    that is when the head's unit holds it whole). `model` may be wrapped (DDP's `module`, peft)."""
     while hasattr(model, "module"):
         model = model.module
     head = model.get_output_embeddings()
     head.forward = _hand_back  # an instance attribute shadows the class's forward until deleted
     try:
-        yield head.weight
+        yield head
     finally:
         del head.forward
 
 
 def _hand_back(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
+
+
+def whole_weight(head: torch.nn.Module) -> torch.Tensor:
+    """An output head's whole weight, after the forward. Under FSDP2 accelerate groups the head with the final
+    norm in a unit that stays gathered after the forward; a unit resharded after it is gathered again here, by
+    FSDP (whose backward then reduce-scatters the weight's gradient with the rest)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(head.weight, DTensor) and isinstance(head, FSDPModule):
+        head.unshard()
+    if isinstance(head.weight, DTensor):
+        raise ValueError("the output head's weight is sharded outside FSDP2's unit: set train.fused_kl=false")
+    return head.weight
 
 
 def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
@@ -58,10 +72,12 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
 
     def fused_parts(batch: dict) -> dict:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        with torch.no_grad(), hidden_states_as_logits(teacher) as teacher_weight:
+        with torch.no_grad(), hidden_states_as_logits(teacher) as teacher_head:
             teacher_hidden = teacher(**inputs).logits
-        with hidden_states_as_logits(model) as student_weight:
+            teacher_weight = whole_weight(teacher_head)
+        with hidden_states_as_logits(model) as student_head:
             hidden = model(**inputs).logits
+            student_weight = whole_weight(student_head)  # after the forward: FSDP2 gathered it there
         labels = shift_labels(batch["labels"]) if "next_token" in weights else None
         kl, next_token = chunked_distill_losses(hidden, student_weight, teacher_hidden, teacher_weight,
                                                 temperature=t, labels=labels)

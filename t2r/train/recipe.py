@@ -95,8 +95,9 @@ class TrainSection:
     max_collapsed_steps: int = 5  # stop after this many collapsed steps in a row (t2r.train.guard.CollapseGuard)
     fused_kl: bool = True
     """A KL loss without either model's whole logits: chunk by chunk over tokens, fused with the output head
-    (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Not under
-    FSDP (the head's weight is sharded there) or with soft-capped logits, where the plain loss runs."""
+    (`t2r.train.kl`; equal to the plain loss up to rounding); false: the plain loss on whole logits. Under FSDP2
+    too (the head's unit gathered, `t2r.train.losses.whole_weight`); not with soft-capped logits, where the plain
+    loss runs."""
     gradient_sync: str = "fp32"
     """How data-parallel processes (DDP) average their gradients: fp32, or bf16 (torch's bf16 compression hook:
     half the bytes all-reduced, each process's gradient rounded to bf16 before the mean). Nothing changes on

@@ -183,10 +183,10 @@ def _sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def _fusable(accelerator, model) -> bool:
-    """Whether the fused KL can read the output head's weight: not sharded (FSDP), no logit soft-capping."""
+def _fusable(model) -> bool:
+    """Whether the fused KL applies: no logit soft-capping (under FSDP2 too: `t2r.train.losses.whole_weight`)."""
     config = getattr(model, "config", None)
-    return not _sharded(accelerator) and not getattr(config, "final_logit_softcapping", None)
+    return not getattr(config, "final_logit_softcapping", None)
 
 
 def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer, state, history, callbacks, clock):
@@ -224,7 +224,7 @@ def _run_stage(recipe, accelerator, model, teacher, tokenizer, where, optimizer,
     # attention MSE alone never runs the wrapped model's forward (except under FSDP), so data-parallel gradients
     # are averaged by hand
     manual_sync = world > 1 and not sharded and not (stage.loss.get("next_token") or stage.loss.get("kl"))
-    fused = recipe.train.fused_kl and _fusable(accelerator, unwrapped)
+    fused = recipe.train.fused_kl and _fusable(unwrapped)
     run = Steps(steps, stage_loss(model, teacher, targets, stage, accelerator.autocast, fused), optimizer, params,
                 stage.lr, lr_at, batches, first=first, stage=stage.name if named else None,
                 lr_field=f"stages.{stage.name}.lr" if named else "train.lr",

@@ -20,7 +20,7 @@ from tests.train.fsdp_worker import full_state, global_batches, joined
 CASES = {"gla": {}, "hybrid-gsa": dict(num_slots=4, layers=[0, 2])}
 
 
-def main(out_dir: str, mode: str = "direct") -> None:
+def main(out_dir: str, mode: str = "direct", leave: bool = True) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -52,7 +52,7 @@ def main(out_dir: str, mode: str = "direct") -> None:
         state = full_state(model)
         if rank == 0:
             save_file(state, f"{out_dir}/{name}-{world}-{'fsdp' if distributed else mode}.safetensors")
-    if distributed:
+    if distributed and leave:
         dist.destroy_process_group()
 
 

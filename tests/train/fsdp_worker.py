@@ -84,7 +84,8 @@ def main(out_dir: str, leave: bool = True) -> None:
 if __name__ == "__main__":
     align = sys.argv[2:] == ["align"]
     main(sys.argv[1], leave=not align)
-    if align:  # test_fsdp.py's attention-transfer cases, in the same two processes and process group
-        from tests.train import align_fsdp_worker
+    if align:  # test_fsdp.py's attention-transfer and fused-KL cases, in the same two processes and process group
+        from tests.train import align_fsdp_worker, kl_fsdp_worker
 
-        align_fsdp_worker.main(sys.argv[1], "fsdp")
+        align_fsdp_worker.main(sys.argv[1], "fsdp", leave=False)
+        kl_fsdp_worker.main(sys.argv[1])

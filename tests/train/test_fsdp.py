@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import t2r
 from tests.helpers.models import tiny_source
 from tests.helpers.recipes import free_port, torchrun_failure
-from tests.train import align_fsdp_worker, fsdp_worker
+from tests.train import align_fsdp_worker, fsdp_worker, kl_fsdp_worker
 
 
 def on_two_processes(module: str, tmp_path, *args: str) -> None:
@@ -34,6 +34,7 @@ def sharded(tmp_path_factory):
     fsdp_worker.main(str(path))
     for mode in ("direct", "through"):
         align_fsdp_worker.main(str(path), mode)
+    kl_fsdp_worker.main(str(path))
     on_two_processes("tests.train.fsdp_worker", path, "align")
     return path
 
@@ -62,6 +63,20 @@ def test_attention_transfer_under_fsdp_equals_one_process(sharded):
         torch.manual_seed(0)
         start = t2r.convert(tiny_source("llama"), name.removeprefix("hybrid-"), **options).state_dict()
         assert any(not torch.equal(start[k], direct[k]) for k in direct if "self_attn" in k), name  # it trained
+
+def test_the_fused_kl_under_fsdp_equals_the_plain_kl_of_one_process(sharded):
+    """The fused KL reads the output head's weight outside the head's forward: under FSDP2, gathered (accelerate's
+    wrapping keeps the head's unit gathered after the forward) or gathered by the loss (a unit resharded after its
+    forward), it trains to the weights of one unsharded process on whole logits."""
+    plain = load_file(sharded / "kl-plain-1.safetensors")
+    start = t2r.convert(tiny_source("llama"), "gla").state_dict()
+    assert max((plain[k] - start[k]).abs().max().item() for k in plain) > 1e-3  # it trained
+    for case in kl_fsdp_worker.CASES:
+        fused = load_file(sharded / f"kl-{case}-2.safetensors")
+        assert fused.keys() == plain.keys()
+        for key in plain:  # rounding only: chunked sums and another reduction order
+            torch.testing.assert_close(fused[key], plain[key], rtol=1e-5, atol=1e-5, msg=f"{case}: {key}")
+
 
 def test_ram_efficient_loading_reads_weights_on_the_main_process_only(tmp_path, source_dir, corpus):
     """With accelerate's fsdp_cpu_ram_efficient_loading, transformers leaves the other ranks without weights

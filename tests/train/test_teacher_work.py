@@ -27,11 +27,11 @@ def test_the_hidden_states_as_logits_skip_the_heads_product_and_the_head_comes_b
     with torch.no_grad():
         logits = model(input_ids=x).logits
         whole = flops(lambda: model(input_ids=x))
-        with hidden_states_as_logits(model) as weight:
+        with hidden_states_as_logits(model) as handed:
             hidden = model(input_ids=x).logits
             cut = flops(lambda: model(input_ids=x))
         again = model(input_ids=x).logits
-    assert weight is head.weight
+    assert handed is head
     assert whole - cut == 2 * x.numel() * head.in_features * head.out_features
     assert torch.equal(hidden, model.model(input_ids=x).last_hidden_state)  # what the head reads
     assert torch.equal(again, logits) and "forward" not in vars(head)  # the head is whole again
