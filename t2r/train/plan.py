@@ -11,10 +11,11 @@ the prepared model and is not sharded).
 Activations are an estimate per micro-batch of b x T tokens: a layer's saved tensors take about 2 b T (16 d + 3 f)
 bytes (bf16; attention, MLP and norms of a Llama layer), every layer's without gradient checkpointing, and with
 it each layer's input (2 b T d) plus one layer's set. The loss holds the logits in bf16 and three fp32 copies
-(upcast, log-softmax, gradient: 14 b T V bytes), and distillation the teacher's logits and both log-probabilities
-(10 b T V more). Calibrated on SmolLM2 (H100, `benchmarks/bench_train.py`, 16K tokens per step, no
-checkpointing): 25.2 GiB estimated, 24.9 GiB measured. Distillation's KL holds more copies than counted here
-(the repro recipe at micro-batch 8 measured ~48 GiB against 33 estimated): treat the figure as a floor.
+(upcast, log-softmax, gradient: 14 b T V bytes), and distillation the teacher's logits and both
+log-probabilities (10 b T V more), or with the fused KL (the default) those of one chunk of tokens
+(`loss_bytes`). Calibrated on SmolLM2 (H100, `benchmarks/bench_train.py`, 16K tokens per step, no
+checkpointing): 25.2 GiB estimated, 24.9 GiB measured. The plain KL held more copies than counted here (the repro
+recipe at micro-batch 8 measured ~48 GiB against 33 estimated): treat the figure as a floor.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from t2r.words import counted
+
+from .kl import DEFAULT_CHUNK_TOKENS
 
 GiB = 2**30
 
@@ -80,6 +83,17 @@ def count_parameters(recipe, config) -> Counts:
                   config.vocab_size)
 
 
+def loss_bytes(stage, vocab: int, fused_kl: bool) -> int:
+    """What a stage's loss holds beside the layers' activations: whole logits in bf16 and three fp32 copies
+    (14 b T V bytes) for the next-token loss, and for a KL the teacher's logits and both log-probabilities
+    (10 b T V more); with the fused KL (`train.fused_kl`) those of one chunk of tokens only, and neither model's
+    whole logits; attention MSE alone, none (the teacher stops at its last converted layer)."""
+    tokens = stage.micro_batch_size * stage.seq_len
+    if stage.loss.get("kl"):
+        return 24 * (min(tokens, DEFAULT_CHUNK_TOKENS) if fused_kl else tokens) * vocab
+    return 14 * tokens * vocab if stage.loss.get("next_token") else 0
+
+
 def memory_rows(recipe, counts: Counts, world_sizes=(1, 2, 4, 8)) -> list[dict]:
     """Per-GPU GiB of each part, for DDP and FSDP at each world size."""
     from t2r.dtypes import torch_dtype
@@ -89,12 +103,11 @@ def memory_rows(recipe, counts: Counts, world_sizes=(1, 2, 4, 8)) -> list[dict]:
     weight_bytes = 4 if train.mixed_precision != "no" else dtype_bytes
     teacher = recipe.needs_teacher
     stages = recipe.stage_list
-    distills = any(s.loss.get("kl") for s in stages)
     tokens = max(s.micro_batch_size * s.seq_len for s in stages)  # the largest micro-batch of any stage
     d, f, layers, vocab = counts.hidden, counts.intermediate, counts.layers, counts.vocab
     full_layer = 2 * tokens * (16 * d + 3 * f)
     activations = (layers * 2 * tokens * d + full_layer) if train.gradient_checkpointing else layers * full_layer
-    activations += 14 * tokens * vocab + (10 * tokens * vocab if distills else 0)
+    activations += max(loss_bytes(s, vocab, train.fused_kl) for s in stages)
     parts = {
         "weights": counts.total * weight_bytes,
         "gradients": counts.trainable * 4,

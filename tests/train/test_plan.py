@@ -51,3 +51,21 @@ def test_measure_trains_a_few_steps_and_writes_nothing(tmp_path, source_dir, cor
     assert "tokens/s" in format_measured(measured, 1.0)
     with pytest.raises(ValueError, match="at least 1"):
         measure_throughput(tiny, steps=0)
+
+
+def test_the_loss_memory_follows_the_loss():
+    """Whole logits for the next-token loss and the plain KL; one chunk of tokens' for the fused KL (the default);
+    none for attention MSE alone."""
+    from types import SimpleNamespace
+
+    from t2r.train.kl import DEFAULT_CHUNK_TOKENS
+    from t2r.train.plan import loss_bytes
+
+    def stage(**loss):
+        return SimpleNamespace(micro_batch_size=8, seq_len=2048, loss=loss)
+
+    vocab, tokens = 49152, 8 * 2048
+    assert loss_bytes(stage(kl=0.9, next_token=0.1), vocab, fused_kl=False) == 24 * tokens * vocab
+    assert loss_bytes(stage(kl=0.9, next_token=0.1), vocab, fused_kl=True) == 24 * DEFAULT_CHUNK_TOKENS * vocab
+    assert loss_bytes(stage(next_token=1.0), vocab, fused_kl=True) == 14 * tokens * vocab
+    assert loss_bytes(stage(attention_mse=1.0), vocab, fused_kl=True) == 0
