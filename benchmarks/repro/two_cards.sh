@@ -4,6 +4,7 @@
 # Source benchmarks/repro/device_env.sh first (model, data and wheels staged; accelerate in /tmp/site).
 #
 #   bash benchmarks/repro/two_cards.sh one                 # the frontier recipe to step 100 on card 0 alone
+#   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
 #   bash benchmarks/repro/two_cards.sh ddp-cut | fsdp-cut  # DDP (FSDP2) again, SIGTERM to the launcher after step
@@ -62,10 +63,12 @@ cut() {  # cut NAME CONFIG PORT: SIGTERM to the launcher after step 60 (a checkp
 }
 
 case $1 in
-one)
-    watch_gpus one
-    CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name=one "${fixed[@]}" >> "$out/one.log" 2>&1
-    finish one $?
+one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.reader=thread), for the A/B
+    reader=(); [ "$1" = one-thread ] && reader=(data.reader=thread)
+    watch_gpus "$1"
+    CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name="$1" "${fixed[@]}" "${reader[@]}" \
+        >> "$out/$1.log" 2>&1
+    finish "$1" $?
     ;;
 ddp) two ddp recipes/accelerate/ddp-2gpu.yaml 29511 ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
@@ -124,5 +127,5 @@ m7)
     echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
     grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
     ;;
-*) echo "usage: two_cards.sh one|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+*) echo "usage: two_cards.sh one|one-thread|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
 esac
