@@ -139,7 +139,7 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
                       depth: int) -> Iterator[dict]:
     """The micro-batches of `_Epoch(make_loader, epoch, begin)`, made `depth` ahead in a process of their own: a
     reading thread shares the GIL with the thread that launches the GPU's kernels, and tokenising and packing a
-    micro-batch flat out slowed a Python-bound loop beside it to 0.66x (benchmarks/bench_data_stream.py --gil).
+    micro-batch flat out slowed a Python-bound loop beside it to 0.54-0.75x (benchmarks/bench_data_stream.py --gil).
     The process is forked from a forkserver that imported only this module (never from the trainer, which holds
     CUDA, NCCL and compile threads); it ends with the epoch, or when the consumer stops."""
     loader = DataLoader(_Epoch(make_loader, epoch, begin), batch_size=None, num_workers=1,
