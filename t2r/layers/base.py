@@ -36,17 +36,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary embedding for `[B, T, H, D]` tensors; `cos`, `sin` are `[B, T, R]` as the source model makes them.
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of a `[B, T, H, D]` tensor; `cos`, `sin` are `[B, T, R]` as the source model makes them.
     R < D (partial RoPE, e.g. Phi-3's `partial_rotary_factor`): the first R channels rotate, the rest pass."""
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
     rotary = cos.shape[-1]
-    if rotary == q.shape[-1]:
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    q_rot, q_pass = q.split([rotary, q.shape[-1] - rotary], -1)
-    k_rot, k_pass = k.split([rotary, k.shape[-1] - rotary], -1)
-    return (torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], -1),
-            torch.cat([k_rot * cos + rotate_half(k_rot) * sin, k_pass], -1))
+    if rotary == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    x_rot, x_pass = x.split([rotary, x.shape[-1] - rotary], -1)
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], -1)
 
 
 def with_denominator(run, v: torch.Tensor, eps: float = 1e-6):
@@ -116,21 +114,21 @@ class ConvertedAttention(nn.Module):
         return q, k, v
 
     @staticmethod
-    def rotate(q, k, position_embeddings, dtype):
+    def rotate(*tensors, position_embeddings, dtype) -> tuple[torch.Tensor, ...]:
+        """RoPE on each of `tensors` (q and k, or a cache's keys alone), in `dtype`."""
         if position_embeddings is None:
             raise ValueError("this layer applies RoPE (rope=True, or a window) and needs "
                              "position_embeddings=(cos, sin)")
-        q, k = apply_rope(q, k, *position_embeddings)
         # fp32 cos/sin (the residual stream under autocast) promote q, k; keep the projections' dtype, as
         # autocast does for the source's SDPA, so the kernels get one dtype (FoX's refuse mixed ones)
-        return q.to(dtype), k.to(dtype)
+        return tuple([apply_rope(x, *position_embeddings).to(dtype) for x in tensors])
 
-    def map_qk(self, q, k, position_embeddings):
-        """The mixer's q, k: the feature map, then (optionally) RoPE."""
-        q, k = self.feature_map(q), self.feature_map(k)
+    def map_qk(self, *tensors, position_embeddings) -> tuple[torch.Tensor, ...]:
+        """The mixer's q, k (or keys alone): the feature map, then (optionally) RoPE."""
+        mapped = tuple([self.feature_map(x) for x in tensors])
         if self.options.rope:
-            q, k = self.rotate(q, k, position_embeddings, q.dtype)
-        return q, k
+            mapped = self.rotate(*mapped, position_embeddings=position_embeddings, dtype=mapped[0].dtype)
+        return mapped
 
     def read_out(self, o: torch.Tensor) -> torch.Tensor:
         """The mixer's per-head output as the output projection reads it (optional RMS norm)."""
@@ -138,11 +136,11 @@ class ConvertedAttention(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, past_key_values=None, **kwargs):
         q_source, k_source, v = self.project(hidden_states)
-        q, k = self.map_qk(q_source, k_source, position_embeddings)
+        q, k = self.map_qk(q_source, k_source, position_embeddings=position_embeddings)
         if getattr(self.options, "window", 0):
             from t2r.layers.window import windowed_mix
 
-            q_rot, k_rot = self.rotate(q_source, k_source, position_embeddings, v.dtype)
+            q_rot, k_rot = self.rotate(q_source, k_source, position_embeddings=position_embeddings, dtype=v.dtype)
             o = windowed_mix(self, hidden_states, q_rot, k_rot, q, k, k_source, v, attention_mask, past_key_values,
                              kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"))
         else:

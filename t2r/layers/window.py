@@ -70,8 +70,9 @@ def _ring_keys(mixer, layer, past_key_values, like: torch.Tensor) -> tuple[torch
                          "through the converted model's forward (it hands the cache `rotary_at`)")
     recent = layer.recent
     rope = past_key_values.rotary_at(like, recent["pos"], mixer.layer_idx)
-    k_rot = mixer.rotate(recent["k_src"], recent["k_src"], rope, recent["v"].dtype)[1]
-    return k_rot, mixer.map_qk(recent["k_src"], recent["k_src"], rope)[1]
+    (k_rot,) = mixer.rotate(recent["k_src"], position_embeddings=rope, dtype=recent["v"].dtype)
+    (k,) = mixer.map_qk(recent["k_src"], position_embeddings=rope)
+    return k_rot, k
 
 
 def windowed_mix(mixer, hidden_states, q_rot, k_rot, q, k, k_source, v, attention_mask, past_key_values,
