@@ -68,3 +68,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def torchrun(args: list[str], env: dict, timeout: float = 300):
+    """`python -m torch.distributed.run --nproc_per_node 2 --master_port P *args` (subprocess.run's result), on a
+    port free a moment before; launched again on another where that port was taken in between (EADDRINUSE:
+    parallel test workers' launches and gloo's own connections draw from the same ports)."""
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), *args]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0 or "EADDRINUSE" not in done.stderr:
+            return done
+    return done

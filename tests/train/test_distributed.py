@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from t2r.train import finetune
-from tests.helpers.recipes import free_port, recipe, torchrun_failure
+from tests.helpers.recipes import free_port, recipe, torchrun, torchrun_failure
 
 OVERRIDES = {"train.tokens_per_step": 256, "train.max_steps": 4, "data.held_out": 7, "checkpoint.every_steps": 2}
 
@@ -59,9 +59,8 @@ def test_two_processes_equal_one(tmp_path, source_dir, corpus, one_run, one_proc
 
 def torchrun_finetune(config, overrides: dict, *extra: str):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "t2r.cli", "finetune", "--config", str(config), *[f"{k}={v}" for k, v in overrides.items()], *extra]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = torchrun(["-m", "t2r.cli", "finetune", "--config", str(config),
+                     *[f"{k}={v}" for k, v in overrides.items()], *extra], env)
     if done.returncode != 0:
         pytest.fail(torchrun_failure(done.stderr))
 

@@ -12,16 +12,14 @@ from safetensors.torch import load_file
 
 import t2r
 from tests.helpers.models import tiny_source
-from tests.helpers.recipes import free_port, torchrun_failure
+from tests.helpers.recipes import free_port, torchrun, torchrun_failure
 from tests.train import align_fsdp_worker, fsdp_worker, kl_fsdp_worker
 
 
 def on_two_processes(module: str, tmp_path, *args: str) -> None:
     """`python -m module tmp_path *args` on two gloo processes under torchrun; its failure, readable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", module, str(tmp_path), *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = torchrun(["-m", module, str(tmp_path), *args], env)
     if done.returncode != 0:
         pytest.fail(torchrun_failure(done.stderr))
 
