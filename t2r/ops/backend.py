@@ -61,6 +61,15 @@ def _check_triton() -> bool:
     return True
 
 
+def prepare_triton() -> bool:
+    """Whether t2r's kernels can run (`_triton_importable`), asked up front: it pins the Triton cache directory
+    (`one_cache_dir`) before anything compiles. Asked first inside a compiled graph (a resumed run ranks nothing
+    and evaluates nothing before its first step), the check came after Inductor had chosen its own directory, so
+    the kernels the fresh run kept were compiled again (the resumed first step 39.0 s on an H100, 2026-11-27),
+    and Dynamo broke the graph on Triton's `getenv`."""
+    return _triton_importable()
+
+
 def one_cache_dir() -> None:
     """Pins the process's Triton cache directory to the one it is now (TRITON_CACHE_DIR unset: Triton's own,
     ~/.triton/cache). Inductor sets TRITON_CACHE_DIR to a directory of its own when it makes its first kernel, if

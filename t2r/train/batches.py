@@ -152,9 +152,13 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise ValueError(f"the training stream cannot be sent to a reader process ({error}): set data.reader=thread "
                          "to read it in a thread of this process") from error
+    # a reader ignores SIGTERM, so multiprocessing's exit hook (SIGTERM, then join) would wait on one left open
+    # forever: it is shut down first, at exit at the latest (atexit runs the hooks registered last first)
+    atexit.register(items._shutdown_workers)
     try:
         yield from items
     finally:
+        atexit.unregister(items._shutdown_workers)
         items._shutdown_workers()
 
 

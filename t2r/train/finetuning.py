@@ -20,6 +20,7 @@ import torch
 from t2r.data.check import check_files, check_rows, data_notes
 from t2r.data.fingerprint import fingerprint
 from t2r.models.model_card import write_model_card
+from t2r.ops.backend import prepare_triton
 from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
@@ -59,6 +60,7 @@ def finetune(recipe, resume: bool = False, callbacks: Iterable[Callable[[dict], 
         raise ValueError(f"--resume and --overwrite exclude each other: --resume continues the run in "
                          f"{recipe.checkpoint.dir}, --overwrite deletes it")
     clock = clock or StartupClock()
+    prepare_triton()  # one Triton cache directory for this run and its resumes, before anything compiles
     accelerator = _accelerator(recipe)
     if resume:
         from_main_process(lambda: require_run_dir(Path(recipe.checkpoint.dir)))

@@ -86,22 +86,25 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     loop = StepLoop(recipe, accelerator, model, run, state, history, callbacks)
     model.train()
     metrics = {"step": state["step"], "tokens": state["tokens"]}
-    for batch in loop.batches:
-        if loop.step >= loop.end:
-            break
-        with accelerator.accumulate(model):
-            loss, parts = run.loss(batch)
-            accelerator.backward(loss)
-            loop.window.add(loss, parts, batch["input_ids"].numel() * accelerator.num_processes,
-                            accelerator.gradient_accumulation_steps)
+    try:
+        for batch in loop.batches:
+            if loop.step >= loop.end:
+                break
+            with accelerator.accumulate(model):
+                loss, parts = run.loss(batch)
+                accelerator.backward(loss)
+                loop.window.add(loss, parts, batch["input_ids"].numel() * accelerator.num_processes,
+                                accelerator.gradient_accumulation_steps)
+                if accelerator.sync_gradients:
+                    update = loop.optimizer_step()
+                run.optimizer.zero_grad(set_to_none=True)
             if accelerator.sync_gradients:
-                update = loop.optimizer_step()
-            run.optimizer.zero_grad(set_to_none=True)
-        if accelerator.sync_gradients:
-            metrics = loop.after_step(update)
-    loop.progress.close()
-    if hasattr(run.batches, "close"):  # the thread reading ahead stops with the run
-        run.batches.close()
+                metrics = loop.after_step(update)
+    finally:  # also when a signal, an error or a callback stops the run: a reader process left running (it
+        # ignores SIGTERM) kept the stopped process from exiting, joined by multiprocessing at exit
+        loop.progress.close()
+        if hasattr(run.batches, "close"):
+            run.batches.close()
     return metrics
 
 

@@ -42,3 +42,24 @@ def test_the_triton_cache_directory_is_pinned_once_known(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     backend.one_cache_dir()
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path) == knobs.cache.dir
+
+
+def test_finetune_asks_the_triton_check_before_anything_compiles(monkeypatch):
+    """A resumed run ranks and evaluates nothing before its first step: the check (which pins the cache directory)
+    came first inside a compiled graph, after Inductor had set TRITON_CACHE_DIR to its own directory, and the
+    kernels of the fresh run were compiled again. `finetune` asks it before it builds anything."""
+    import pytest
+
+    from t2r.train import finetuning
+
+    order = []
+    monkeypatch.setattr(finetuning, "prepare_triton", lambda: order.append("triton check"))
+
+    def accelerator(recipe):
+        order.append("accelerator")
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(finetuning, "_accelerator", accelerator)
+    with pytest.raises(RuntimeError, match="stop here"):
+        finetuning.finetune(object())
+    assert order == ["triton check", "accelerator"]

@@ -95,3 +95,16 @@ def test_a_signal_that_stops_every_process_is_reported_by_the_main_one(monkeypat
     monkeypatch.setattr(app, "run_cache", stopped)
     assert main(["cache"]) == 128 + signal.SIGTERM
     assert ("stopped by SIGTERM" in capsys.readouterr().err) is (rank == "0")
+
+
+def test_a_stopped_run_leaves_no_reader_process(tmp_path, source_dir, corpus, capsys, monkeypatch):
+    """The stream read in a process (`data.reader: process`, auto beside a GPU): a signal's stop closes it. The
+    reader ignores SIGTERM, so one left open kept the stopped command from exiting: multiprocessing's exit hook
+    joined it forever (an H100 run stopped by SIGINT hung until SIGKILL, 2026-11-27)."""
+    import multiprocessing
+
+    recipe(tmp_path, source_dir, corpus)
+    signal_in_micro_batch(monkeypatch, signal.SIGINT, 9)
+    code = main(["finetune", "--config", str(tmp_path / "run.yaml"), "data.reader=process"])
+    assert code == 128 + signal.SIGINT, capsys.readouterr().err
+    assert multiprocessing.active_children() == []
