@@ -8,6 +8,7 @@ from pathlib import Path
 
 from t2r.cli import threads
 from t2r.paths import offline_if_unreachable
+from t2r.train.readers import start_readers_early
 from t2r.words import counted
 
 
@@ -47,6 +48,7 @@ def run_finetune(args) -> int:
         print_plan(recipe, args.tokens_per_second, args.measure)
         return 0
     threads.note()
+    start_readers_early(recipe.data.reader)  # its imports beside this process's own, next
     from accelerate import PartialState
 
     from t2r.train import finetune
@@ -137,6 +139,7 @@ def run_run(args) -> int:
         print(eval_plan(recipe, settings))
         return 0
     threads.note()
+    start_readers_early(recipe.data.reader)
     from t2r.train.pipeline import finetune_and_evaluate
     from t2r.train.startup import StartupClock
 

@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from t2r.data import PackedSequences, collate_packed, load_documents
 from t2r.models.compilation import any_document_count
 
+from .readers import reader_context, resolved_reader
+
 
 def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start: tuple[int, int] = (0, 0),
                   stage=None) -> DataLoader:
@@ -91,18 +93,6 @@ def ahead(items: Iterable, depth: int) -> Iterator:
         stop.set()
 
 
-def _reader_context():
-    """forkserver (its server imports this module once; every reader forks from it), or spawn where there is no
-    forkserver (Windows)."""
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
-
-
 def _reader_ignores_stop_signals(worker_id: int) -> None:
     """A reader leaves SIGINT and SIGTERM to the trainer, which finishes its step on them (a terminal's Ctrl-C and
     a scheduler's SIGTERM reach every process of the group): the step's micro-batches still come. It ends with
@@ -111,16 +101,6 @@ def _reader_ignores_stop_signals(worker_id: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def start_readers() -> None:
-    """Starts the forkserver that reader processes fork from, where it imports this module (torch, t2r,
-    transformers: 10-20 s on a GPU machine) beside what the trainer does before its first micro-batch (loading,
-    ranking layers, compiling), instead of while the first step waits for it."""
-    if _reader_context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 class _Epoch(IterableDataset):
@@ -143,7 +123,7 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
     The process is forked from a forkserver that imported only this module (never from the trainer, which holds
     CUDA, NCCL and compile threads); it ends with the epoch, or when the consumer stops."""
     loader = DataLoader(_Epoch(make_loader, epoch, begin), batch_size=None, num_workers=1,
-                        prefetch_factor=max(depth, 1), multiprocessing_context=_reader_context(),
+                        prefetch_factor=max(depth, 1), multiprocessing_context=reader_context(),
                         worker_init_fn=_reader_ignores_stop_signals)
     try:
         with warnings.catch_warnings():  # torch's own advice there (the fork start method) is not ours
@@ -160,16 +140,6 @@ def in_reader_process(make_loader: Callable[..., Iterable[dict]], epoch: int, be
     finally:
         atexit.unregister(items._shutdown_workers)
         items._shutdown_workers()
-
-
-def resolved_reader(reader: str | None, on_gpu: bool, prefetch: int = PREFETCH) -> str:
-    """Where a stream reads ahead (`data.reader`): auto (or None) is a process beside a GPU, a thread on the CPU
-    (where the steps compute rather than launch, and a process would only add its start)."""
-    if reader in (None, "auto"):
-        return "process" if on_gpu and prefetch > 0 else "thread"
-    if reader not in ("process", "thread"):
-        raise ValueError(f"reader={reader!r}: one of auto, process, thread")
-    return reader
 
 
 class MicroBatches:

@@ -25,12 +25,13 @@ from t2r.outputs import quiet_libraries
 from t2r.sources import load_tokenizer
 
 from . import checkpoint, logs
-from .batches import heldout_loss, resolved_reader, start_readers
+from .batches import heldout_loss
 from .checks import check_positions
 from .errors import CollapseError, NonFiniteError
 from .export import save_final
 from .guard import collapsed_model
 from .model_setup import from_main_process
+from .readers import resolved_reader, start_readers
 from .recipe import save_resolved
 from .rendezvous import joined
 from .resume import check_same_data, choose_start, require_run_dir

@@ -153,7 +153,7 @@ def test_a_reader_process_raises_its_error_here_and_ends_with_the_stream():
     import os
     import signal
 
-    from t2r.train.batches import start_readers
+    from t2r.train.readers import start_readers
 
     start_readers()
     stream = iter(micro_batches(failing_loader, "cpu", epochs=1, reader="process"))
