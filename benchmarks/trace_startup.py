@@ -49,6 +49,9 @@ def main() -> int:
             print(f"[trace_startup] no compile times: {error}", file=sys.stderr)
 
     atexit.register(compile_times)
+    # as the `t2r` script: `import t2r` then skips its eager imports, and the command line starts what it starts
+    # before torch (the reader server) as it would; under another argv[0] torch was imported first
+    sys.argv = ["t2r", *command]
     from t2r.cli.app import main as t2r_main
 
     return t2r_main(command)
