@@ -1,6 +1,9 @@
 """SIGTERM (a scheduler's stop, `kill`) and SIGINT (Ctrl-C) end a run cleanly: the step under way finishes, a
 checkpoint of it is written, and the run exits with a message saying how to continue (exit status 128 + the
-signal's number, as a shell reports a process the signal ended). A second signal stops at once, as without t2r.
+signal's number, as a shell reports a process the signal ended). A second signal stops at once, as without t2r,
+unless it is the first one again within `REPEAT_S`: GNU `timeout` sends its signal to the command and then to
+the command's process group, so the command gets it twice (an H100 run under `timeout -s INT` stopped at once,
+without its checkpoint, when the second came after the first was handled).
 """
 
 from __future__ import annotations
@@ -8,10 +11,13 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 from .errors import RunError
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
+REPEAT_S = 1.0
+"""The same signal again within this many seconds of the first is the same stop, delivered twice."""
 _active: list[StopOnSignal] = []
 
 
@@ -33,8 +39,8 @@ class StopOnSignal:
     one gets the handler that was there before (Python's: KeyboardInterrupt for SIGINT, the default end for
     SIGTERM). Outside the main thread (where handlers cannot be set) it does nothing."""
 
-    def __init__(self, log=lambda text: print(text, file=sys.stderr, flush=True)):
-        self.signum, self.log, self._previous = None, log, {}
+    def __init__(self, log=lambda text: print(text, file=sys.stderr, flush=True), clock=time.monotonic):
+        self.signum, self.log, self._previous, self.clock, self._at = None, log, {}, clock, 0.0
 
     @property
     def name(self) -> str:
@@ -57,10 +63,12 @@ class StopOnSignal:
         self._previous = {}
 
     def _handle(self, signum, frame):
-        if self.signum is not None:  # the second: stop now
+        if self.signum is not None:  # the second: stop now, unless it is the first delivered twice
+            if signum == self.signum and self.clock() - self._at < REPEAT_S:
+                return
             self._restore()
             signal.raise_signal(signum)
             return
-        self.signum = signum
+        self.signum, self._at = signum, self.clock()
         self.log(f"received {signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
                  f"(send it again to stop at once)")
