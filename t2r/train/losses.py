@@ -70,8 +70,7 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
     weights = {name: w for name, w in stage.loss.items() if w}
     t = stage.temperature
 
-    def fused_parts(batch: dict) -> dict:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+    def fused_parts(batch: dict, inputs: dict) -> dict:
         with torch.no_grad(), hidden_states_as_logits(teacher) as teacher_head:
             teacher_hidden = teacher(**inputs).logits
             teacher_weight = whole_weight(teacher_head)
@@ -85,7 +84,8 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
 
     def loss(batch: dict):
         parts = {}
-        student_forward = partial(model, **{k: v for k, v in batch.items() if k != "labels"})  # for FSDP's mse
+        inputs = {k: v for k, v in batch.items() if k != "labels"}  # the forwards' arguments, without the loss's
+        student_forward = partial(model, **inputs)  # for FSDP's mse
         # a packed batch's softmax layers (the teacher's, the student's kept ones) by varlen FlashAttention
         packed = packed_attention(model, teacher) if "attention_mask" not in batch else contextlib.nullcontext()
         for key in ("cu_seq_lens_q", "cu_seq_lens_k"):  # compiled layers: one graph for any number of documents
@@ -93,17 +93,17 @@ def stage_loss(model, teacher, targets, stage, autocast, fused: bool = False):
                 torch._dynamo.maybe_mark_dynamic(batch[key], 0)
         with autocast(), packed:
             if fused and "kl" in weights:
-                parts.update(fused_parts(batch))
+                parts.update(fused_parts(batch, inputs))
                 if targets is not None:  # the teacher's forward above filled the hooks
                     parts["attention_mse"] = targets.mse(student_forward)
                 total = sum(weights[name] * value for name, value in parts.items())
                 return total, {name: value.detach().float() for name, value in parts.items()}
             if "kl" in weights:
                 with torch.no_grad():
-                    target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                    target = teacher(**inputs).logits
             elif targets is not None:  # attention MSE alone: the teacher's forward only as far as the hooks read
                 with torch.no_grad(), hidden_states_as_logits(teacher):
-                    targets.fill(teacher, {k: v for k, v in batch.items() if k != "labels"})
+                    targets.fill(teacher, inputs)
             if "next_token" in weights or "kl" in weights:
                 out = model(**batch)
                 if "next_token" in weights:
