@@ -46,3 +46,14 @@ def test_the_mean_of_two_processes_in_buckets(precision):
     for p, e in zip(mine, expected):
         assert p.grad.dtype == torch.float32
         torch.testing.assert_close(p.grad, e, rtol=0, atol=0)
+
+
+def test_ddp_does_not_broadcast_the_buffers_before_each_forward():
+    """t2r's buffers are built alike on every rank and never change: DDP's broadcast of them from rank 0 at every
+    forward only made the ranks meet at every micro-batch (two processes still train like one:
+    test_distributed.py::test_two_processes_equal_one)."""
+    from t2r.train.finetuning import _accelerator
+    from tests.helpers.recipes import make_recipe
+
+    accelerator = _accelerator(make_recipe(check_files=False))
+    assert accelerator.ddp_handler.to_kwargs() == {"broadcast_buffers": False}
