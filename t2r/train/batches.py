@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from t2r.data import PackedSequences, collate_packed, load_documents
 from t2r.models.compilation import any_document_count
 
-from .readers import reader_context, resolved_reader
+from .readers import PREFETCH, reader_context, resolved_reader
 
 
 def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start: tuple[int, int] = (0, 0),
@@ -40,7 +40,6 @@ def packed_loader(recipe, tokenizer, part: str = "train", epoch: int = 0, start:
     return DataLoader(rows, batch_size=micro, collate_fn=collate, drop_last=part == "train")
 
 
-PREFETCH = 2  # micro-batches a training stream tokenises and packs ahead, beside the step that trains
 _EXITING = threading.Event()  # set at interpreter exit: every reading-ahead thread stops
 
 

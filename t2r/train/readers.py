@@ -10,11 +10,12 @@ import glob
 import multiprocessing
 import os
 
+PREFETCH = 2  # micro-batches a training stream tokenises and packs ahead, beside the step that trains
 READER_MODULE = "t2r.train.batches"
 """What the server imports once, for every reader it forks (the module that makes micro-batches)."""
 
 
-def resolved_reader(reader: str | None, on_gpu: bool, prefetch: int = 2) -> str:
+def resolved_reader(reader: str | None, on_gpu: bool, prefetch: int = PREFETCH) -> str:
     """Where a stream reads ahead (`data.reader`): auto (or None) is a process beside a GPU, a thread on the CPU
     (where the steps compute rather than launch, and a process would only add its start)."""
     if reader in (None, "auto"):
