@@ -52,6 +52,8 @@ class Window:
     parts: dict = field(default_factory=dict)
     tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
+    grad_norm: float = math.nan
+    any_stop: bool = False  # a stop signal had come to some process by the read
 
     def add(self, loss: torch.Tensor, parts: dict, tokens: int, accum: int) -> None:
         self.loss = self.loss + loss.detach().float() / accum
@@ -59,14 +61,19 @@ class Window:
             self.parts[name] = self.parts.get(name, 0.0) + value / accum
         self.tokens += tokens
 
-    def read(self, accelerator) -> None:
-        """The loss and its parts as floats, averaged over processes (every process then takes the same decisions):
-        one transfer from the device."""
+    def read(self, accelerator, grad_norm: float | torch.Tensor = math.nan, stop: bool = False) -> None:
+        """The loss, its parts and the gradient norm (the same on every process) as floats, averaged over
+        processes, and whether any process had a stop signal (`stop`, this one's): one transfer from the device
+        and, with several processes, one all-reduce, the step's only point where the host waits for the device
+        and the processes wait for each other (a DDP step had three: the loss, the norm, the stop signal)."""
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor
+            grad_norm = grad_norm.full_tensor()
         values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=accelerator.device).reshape(())
-                              for v in (self.loss, *self.parts.values())])
+                              for v in (self.loss, grad_norm, float(stop), *self.parts.values())])
         if accelerator.num_processes > 1:
             values = accelerator.reduce(values, "mean")
-        self.loss, *rest = values.tolist()
+        self.loss, self.grad_norm, stopped, *rest = values.tolist()
+        self.any_stop = stopped > 0
         self.parts = dict(zip(self.parts, rest))
 
 
@@ -130,16 +137,18 @@ class StepLoop:
         self.clock = run.clock if run.clock is not None and run.clock.open else None
         self.batches = self.clock.timed_batches(run.batches) if self.clock is not None else run.batches
         self.window = Window()  # the step being accumulated
+        self.any_stop = False  # whether some process had a stop signal by this step's read
 
     def optimizer_step(self) -> Update:
         """The accumulated gradients into one update: the loss averaged over processes (every process then takes
         the same decision), clipped, the step skipped when not finite (`NonFiniteGuard`), a collapse watched."""
         accelerator, run, window = self.accelerator, self.run, self.window
-        window.read(accelerator)
-        if accelerator.num_processes > 1:
-            if run.manual_grad_sync:
-                average_gradients(accelerator, run.params, self.recipe.train.gradient_sync)
-        grad_norm = float(accelerator.clip_grad_norm_(run.params, self.recipe.train.grad_clip or math.inf))
+        if accelerator.num_processes > 1 and run.manual_grad_sync:
+            average_gradients(accelerator, run.params, self.recipe.train.gradient_sync)
+        norm = accelerator.clip_grad_norm_(run.params, self.recipe.train.grad_clip or math.inf)  # on the device
+        window.read(accelerator, norm, stop=_signal(signals.active()) is not None)
+        self.any_stop = window.any_stop
+        grad_norm = window.grad_norm
         lr = run.peak_lr * run.lr_at(self.step - run.first)
         applied = self.guard.check(self.step + 1, window.loss, grad_norm)
         if math.isfinite(window.loss):
@@ -231,7 +240,9 @@ class StepLoop:
     def stop_on_signal(self, saved: Path | None) -> None:
         """`signals.Stopped` when a stop signal came to any process: after a checkpoint of this step (`saved`, or
         one written now), unless the step looks collapsed."""
-        signum = _signal_on_any_process(self.accelerator, signals.active())
+        signum = _signal(signals.active())
+        if self.accelerator.num_processes > 1:  # what the step's read agreed: every process stops after one step
+            signum = (signum or int(signal.SIGTERM)) if self.any_stop else None
         if not signum:
             return
         if self.collapsed:
@@ -254,13 +265,11 @@ def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Pat
                            label=run.stage)
 
 
-def _signal_on_any_process(accelerator, stop) -> int | None:
-    """The stop signal this process received; with several processes, any one's (all then stop at the same step)."""
-    signum = stop.signum if stop is not None else None
-    if accelerator.num_processes == 1:
-        return signum
-    flag = accelerator.reduce(torch.tensor(float(signum or 0), device=accelerator.device), "sum").item()
-    return signum or (int(signal.SIGTERM) if flag else None)
+def _signal(stop) -> int | None:
+    """The stop signal this process received, if any. With several processes the step's read (`Window.read`)
+    says whether any had one by then, and all stop after that step; a signal that comes to one process after
+    the read stops the run after the next step."""
+    return stop.signum if stop is not None else None
 
 
 def vocab_size(model) -> int:

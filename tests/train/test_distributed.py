@@ -97,8 +97,37 @@ def _children(pid: int) -> dict[str, int]:
     return ranks
 
 
+LONG = {"train.tokens_per_step": 256, "train.max_steps": 16, "data.held_out": 0, "checkpoint.every_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def two_straight(tmp_path_factory, source_dir, corpus):
+    """The final weights of two processes training `LONG`'s 16 steps straight through."""
+    path = tmp_path_factory.mktemp("two-straight")
+    recipe(path, source_dir, corpus, run="straight", **LONG)  # writes straight.yaml
+    torchrun_finetune(path / "straight.yaml", LONG)
+    return load_file(path / "straight" / "final" / "model.safetensors")
+
+
+def _launch_and_wait(tmp_path, run: str, overrides: dict, steps: int):
+    """torchrun of `run`'s recipe on two processes, returned once its metrics.jsonl holds `steps` rows."""
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "t2r.cli", "finetune", "--config", str(tmp_path / f"{run}.yaml"),
+           *[f"{k}={v}" for k, v in overrides.items()]]
+    launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = tmp_path / run / "metrics.jsonl", time.monotonic() + 240
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= steps):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+        time.sleep(0.05)
+    return launcher
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc")
-def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tmp_path, source_dir, corpus):
+def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tmp_path, source_dir, corpus,
+                                                                                  two_straight):
     """SIGKILL to one of two processes mid-run: the launcher ends the other within seconds (no process waits for
     the dead one in a collective) and names the dead rank; the checkpoints left are whole (a save the kill cut short
     stays a `.tmp-` directory, never listed, removed by the resume); `--resume` on two
@@ -108,19 +137,8 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
 
     from t2r.train import checkpoint as ckpt
 
-    overrides = {"train.tokens_per_step": 256, "train.max_steps": 16, "data.held_out": 0, "checkpoint.every_steps": 2}
-    recipe(tmp_path, source_dir, corpus, run="straight", **overrides)  # writes straight.yaml
-    torchrun_finetune(tmp_path / "straight.yaml", overrides)
-    recipe(tmp_path, source_dir, corpus, run="killed", **overrides)  # writes killed.yaml
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "t2r.cli", "finetune", "--config", str(tmp_path / "killed.yaml"),
-           *[f"{k}={v}" for k, v in overrides.items()]]
-    launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics, deadline = tmp_path / "killed" / "metrics.jsonl", time.monotonic() + 240
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 4):
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
-        time.sleep(0.05)
+    recipe(tmp_path, source_dir, corpus, run="killed", **LONG)  # writes killed.yaml
+    launcher = _launch_and_wait(tmp_path, "killed", LONG, 4)
     os.kill(_children(launcher.pid)["1"], signal.SIGKILL)
     killed = time.monotonic()
     _, err = launcher.communicate(timeout=120)
@@ -129,11 +147,36 @@ def test_a_killed_process_ends_the_run_at_once_and_resume_finishes_it_exactly(tm
     assert not (tmp_path / "killed" / "final").exists()
     left = ckpt.checkpoints(tmp_path / "killed")
     assert left and all(ckpt.verify(c) is None for c in left)
-    torchrun_finetune(tmp_path / "killed.yaml", overrides, "--resume")
+    torchrun_finetune(tmp_path / "killed.yaml", LONG, "--resume")
     assert not list((tmp_path / "killed").glob(".tmp-*"))  # a save the kill cut short is not kept
-    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    a = two_straight
     b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc")
+def test_a_stop_signal_to_one_process_stops_both_after_the_same_step(tmp_path, source_dir, corpus, two_straight):
+    """SIGTERM to rank 1 alone (a scheduler stopping one node): both processes learn it at the next step's read,
+    finish that step, write its checkpoint together and exit with 128 + 15; the main process says so once;
+    `--resume` on two processes ends with the weights, bit for bit, of two processes training straight through."""
+    import signal
+
+    from t2r.train import checkpoint as ckpt
+
+    overrides = {**LONG, "checkpoint.every_steps": 100}  # no checkpoint but the stop's
+    recipe(tmp_path, source_dir, corpus, run="stopped", **overrides)  # writes stopped.yaml
+    launcher = _launch_and_wait(tmp_path, "stopped", overrides, 3)
+    os.kill(_children(launcher.pid)["1"], signal.SIGTERM)
+    out, err = launcher.communicate(timeout=120)
+    stops = [line for line in (out + err).splitlines() if "stopped by SIGTERM after step" in line]
+    assert len(stops) == 1, (out + err)[-3000:]
+    left = ckpt.checkpoints(tmp_path / "stopped")
+    assert len(left) == 1 and ckpt.verify(left[0]) is None and f"after step {ckpt.step_of(left[0])}:" in stops[0]
+    assert 3 <= ckpt.step_of(left[0]) < 16 and not (tmp_path / "stopped" / "final").exists()
+    assert launcher.returncode != 0
+    torchrun_finetune(tmp_path / "stopped.yaml", overrides, "--resume")
+    b = load_file(tmp_path / "stopped" / "final" / "model.safetensors")
+    assert two_straight.keys() == b.keys() and all(torch.equal(two_straight[k], b[k]) for k in b)
 
 
 def test_a_full_disk_on_one_process_is_one_line_on_each_and_resume_finishes(tmp_path, source_dir, corpus):
