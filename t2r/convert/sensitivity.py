@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from t2r.convert.conversion import convert
 from t2r.models.compilation import decoder_layers
+from t2r.models.packed_attention import can_run, packed_attention
 from t2r.ranking import CRITERIA, SWEEPS
 
 HALO_CAP = 50.0
@@ -141,13 +142,30 @@ class LayerRanking:
         return "\n".join(lines)
 
 
+def row_logits(model, rows: torch.Tensor, packed: bool = False) -> torch.Tensor:
+    """The logits `[B, L, vocab]` of `rows` `[B, L]`, each row its own document. `packed`: the rows laid end to end
+    as one sequence `[1, B * L]` with their starts in `cu_seq_lens_q`, as training's batches are
+    (`t2r.data.packing.collate_packed`), so that the mixers run the varlen kernels of training and of its held-out
+    loss (compiled once on a fresh machine for all three, where the ranking compiled a set of its own) and the
+    softmax layers varlen attention (inside `packed_attention`, which the caller holds). The same function."""
+    if not packed:
+        return model(rows, use_cache=False).logits
+    count, length = rows.shape
+    starts = torch.arange(0, (count + 1) * length, length, dtype=torch.int32, device=rows.device)
+    positions = torch.arange(length, device=rows.device).repeat(count)[None]
+    out = model(rows.reshape(1, -1), position_ids=positions, cu_seq_lens_q=starts, cu_seq_lens_k=starts,
+                max_length_q=length, max_length_k=length, use_cache=False)
+    return out.logits.view(count, length, -1)
+
+
 @torch.no_grad()
-def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor], batch_size: int) -> float:
+def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor], batch_size: int,
+                    packed: bool = False) -> float:
     """Mean KL(reference || model) per predicted token; `reference` holds the log-probs of each batch."""
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for start, log_p in zip(range(0, len(input_ids), batch_size), reference):
-        logits = model(input_ids[start:start + batch_size].to(device), use_cache=False).logits[:, :-1]
+        logits = row_logits(model, input_ids[start:start + batch_size].to(device), packed)[:, :-1]
         log_q = F.log_softmax(logits.float(), -1)
         total += F.kl_div(log_q, log_p.to(device), log_target=True, reduction="sum").item()
         count += log_p.shape[0] * log_p.shape[1]
@@ -155,13 +173,13 @@ def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor
 
 
 @torch.no_grad()
-def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int) -> float:
+def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int, packed: bool = False) -> float:
     """Mean next-token loss over the positions `answers` `[N, width]` (bool) marks in `ids` `[N, width]`."""
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for start in range(0, len(ids), batch_size):
         rows, mask = ids[start:start + batch_size].to(device), answers[start:start + batch_size, 1:].to(device)
-        logits = model(rows, use_cache=False).logits[:, :-1].float()
+        logits = row_logits(model, rows, packed)[:, :-1].float()
         loss = F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
         total += loss[mask].sum().item()
         count += int(mask.sum())
@@ -230,11 +248,13 @@ def _duration(seconds: float) -> str:
 @torch.no_grad()
 def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 4, progress: bool = True,
                 recall: tuple[torch.Tensor, torch.Tensor] | None = None, criterion: str = "kl",
-                sweep: str = "convert-one", **options) -> LayerRanking:
+                sweep: str = "convert-one", packed: bool | None = None, **options) -> LayerRanking:
     """Per layer, the KL to `source` on `input_ids` `[rows, length]` and, with `recall` (`(ids, answer mask)`,
     as `t2r.data.recall_prompts.answer_rows` makes), the loss of the recall answers: with only that layer
     converted (`convert-one`: the rise over the source), or with all but that layer converted (`keep-one`:
-    the fall from the all-converted model). Conversions are `t2r.convert(source, target, layers=..., **options)`."""
+    the fall from the all-converted model). Conversions are `t2r.convert(source, target, layers=..., **options)`.
+    `packed`: each batch of rows run as one packed sequence (`row_logits`); by default where varlen attention
+    runs (CUDA)."""
     if criterion not in CRITERIA:
         raise ValueError(f"rank by {criterion!r}: choose one of {', '.join(CRITERIA)}")
     if sweep not in SWEEPS:
@@ -243,31 +263,44 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
         raise ValueError(f"rank by {criterion!r} needs recall prompts")
     source = source.eval()
     device = next(source.parameters()).device
+    packed = can_run(device, torch.bfloat16) if packed is None else packed
     layers = source.config.num_hidden_layers
     say = RankingProgress(f"rank layers ({target}, {sweep})", layers, progress)
     say.line(f"{layers} candidates on {input_ids.shape[0]} rows of {input_ids.shape[1]} tokens"
              + (f" and {len(recall[0])} recall prompts" if recall is not None else "")
-             + f" ({device.type}); the source's log-probs and one conversion first")
-    # on a GPU under bf16 autocast, so that the mixers run their kernels (in fp32 they take the PyTorch paths:
-    # 142 s for a keep-one ranking of SmolLM2 on an H100); the ranking compares layers, not digits
-    fast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    with fast:  # the source's log-probs stay where the model is: every candidate reads them
-        reference = [F.log_softmax(source(input_ids[s:s + batch_size].to(device), use_cache=False)
-                                   .logits[:, :-1].float(), -1) for s in range(0, len(input_ids), batch_size)]
+             + f" ({device.type}{', packed' if packed else ''}); the source's log-probs and one conversion first")
     # one conversion of every layer; a candidate is that model with the source's own attention put back in the
     # layers it keeps softmax (no conversion per candidate: 31 of them took 157 s of a 189 s cold start)
     with torch.random.fork_rng(devices=[]):  # the new gates from the same seed: reproducible
         torch.manual_seed(0)
         converted = convert(source, target, **options).eval()
+    with contextlib.ExitStack() as fast:
+        if packed:  # both configurations: the source's attention modules read the source's, also inside `converted`
+            fast.enter_context(packed_attention(source, converted))
+        if device.type == "cuda":  # bf16 autocast, so that the mixers run their kernels (in fp32 they take the
+            # PyTorch paths: 142 s for a keep-one ranking of SmolLM2 on an H100); it compares layers, not digits
+            fast.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        # the source's log-probs stay where the model is: every candidate reads them
+        reference = [F.log_softmax(row_logits(source, input_ids[s:s + batch_size].to(device), packed)[:, :-1]
+                                   .float(), -1) for s in range(0, len(input_ids), batch_size)]
+        kl, costs = _sweep(converted, source, input_ids, reference, recall, batch_size, packed, sweep, say, progress)
+    return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
+                        options=dict(options), recall=costs if recall is not None else None, criterion=criterion,
+                        sweep=sweep)
+
+
+def _sweep(converted, source, input_ids, reference, recall, batch_size, packed, sweep, say, progress):
+    """Per layer, the (KL, recall cost) of its candidate (see `rank_layers`): two lists, the second empty
+    without recall prompts."""
+    layers = len(decoder_layers(converted))
 
     def measure(softmax_layers) -> tuple[float, float | None]:
-        with keep_softmax(converted, source, softmax_layers), fast:
-            kl = kl_to_reference(converted, input_ids, reference, batch_size)
-            return kl, (answer_loss(converted, *recall, batch_size) if recall is not None else None)
+        with keep_softmax(converted, source, softmax_layers):
+            kl = kl_to_reference(converted, input_ids, reference, batch_size, packed)
+            return kl, (answer_loss(converted, *recall, batch_size, packed) if recall is not None else None)
 
     if sweep == "convert-one":
-        with fast:
-            base_recall = answer_loss(source, *recall, batch_size) if recall is not None else None
+        base_recall = answer_loss(source, *recall, batch_size, packed) if recall is not None else None
         base_kl = 0.0
         sign = 1.0
     else:
@@ -282,6 +315,4 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
         if recall is not None:
             costs.append(sign * (layer_recall - base_recall))
         say.done(layer, kl[-1], costs[-1] if recall is not None else None)
-    return LayerRanking(target=target, kl=kl, tokens=int(input_ids.shape[0] * (input_ids.shape[1] - 1)),
-                        options=dict(options), recall=costs if recall is not None else None, criterion=criterion,
-                        sweep=sweep)
+    return kl, costs

@@ -284,3 +284,18 @@ def test_ranking_leaves_no_layer_swapped():
     rank_layers(source, "gdn", IDS, batch_size=2, progress=False, sweep="keep-one", window=4, sinks=1)
     assert [layer.self_attn for layer in source.model.layers] == before
     assert type(before[0]).__name__ == "LlamaAttention"
+
+
+@pytest.mark.parametrize("target, options", [("gdn", {"window": 4, "sinks": 1}), ("gsa", {"num_slots": 4})])
+def test_rows_packed_into_one_sequence_rank_as_the_rows_do(target, options):
+    """On a GPU the ranking runs each batch of rows as one packed sequence (the varlen kernels training compiles
+    anyway); the scores are those of the rows run apart, and so is the choice."""
+    source = tiny_source("llama")
+    apart = rank_layers(source, target, IDS, batch_size=2, progress=False, recall=RECALL, criterion="kl+recall",
+                        sweep="keep-one", packed=False, **options)
+    packed = rank_layers(source, target, IDS, batch_size=2, progress=False, recall=RECALL, criterion="kl+recall",
+                         sweep="keep-one", packed=True, **options)
+    assert min(map(abs, apart.kl)) > 1e-5  # every candidate differs from the all-converted model
+    torch.testing.assert_close(torch.tensor(packed.kl), torch.tensor(apart.kl), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(packed.recall), torch.tensor(apart.recall), rtol=1e-4, atol=1e-6)
+    assert packed.most_sensitive(1) == apart.most_sensitive(1)
