@@ -4,6 +4,8 @@
 # Source benchmarks/repro/device_env.sh first (model, data and wheels staged; accelerate in /tmp/site).
 #
 #   bash benchmarks/repro/two_cards.sh one                 # the frontier recipe to step 100 on card 0 alone
+#   RUN=NAME bash benchmarks/repro/two_cards.sh one|ddp    # the same as run NAME (runs/NAME, NAME.log): with
+#                                                          # PYTHONPATH=P:$PYTHONPATH, the t2r package under P
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
@@ -65,12 +67,13 @@ cut() {  # cut NAME CONFIG PORT: SIGTERM to the launcher after step 60 (a checkp
 case $1 in
 one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.reader=thread), for the A/B
     reader=(); [ "$1" = one-thread ] && reader=(data.reader=thread)
-    watch_gpus "$1"
-    CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name="$1" "${fixed[@]}" "${reader[@]}" \
-        >> "$out/$1.log" 2>&1
-    finish "$1" $?
+    run=${RUN:-$1}
+    watch_gpus "$run"
+    CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name="$run" "${fixed[@]}" "${reader[@]}" \
+        >> "$out/$run.log" 2>&1
+    finish "$run" $?
     ;;
-ddp) two ddp recipes/accelerate/ddp-2gpu.yaml 29511 ;;
+ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
 ddp-bf16) two ddp-bf16 recipes/accelerate/ddp-2gpu.yaml 29517 train.gradient_sync=bf16 ;;
 ddp-cut) cut ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 ;;
