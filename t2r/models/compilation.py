@@ -49,6 +49,23 @@ def any_document_count(batch: dict) -> dict:
     return batch
 
 
+CACHES = (("Inductor", "inductor", "fxgraph_cache_"), ("AOTAutograd", "aot_autograd", "autograd_cache_"))
+"""torch.compile's two caches of compiled graphs, as `torch._dynamo.utils.counters` counts their outcomes."""
+
+
+def cache_outcomes() -> str:
+    """What torch.compile's graph caches did in this process so far ("" before any compile): hits load a graph a
+    run compiled before (a resume's first step, seconds), misses and bypasses compile it (tens of seconds)."""
+    from torch._dynamo.utils import counters
+
+    said = []
+    for name, group, prefix in CACHES:
+        hit, miss, bypass = (counters[group][prefix + outcome] for outcome in ("hit", "miss", "bypass"))
+        if hit + miss + bypass:
+            said.append(f"{name}'s cache {hit} hit, {miss} missed, {bypass} bypassed")
+    return "; ".join(said)
+
+
 def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
     """Every decoder layer through torch.compile (static shapes by default); returns `model`."""
     config = torch._dynamo.config

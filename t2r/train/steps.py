@@ -13,6 +13,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from t2r.models.compilation import cache_outcomes
+
 from . import checkpoint, logs, signals
 from .errors import CollapseError, NonFiniteError
 from .gradient_sync import average_gradients
@@ -188,6 +190,9 @@ class StepLoop:
         clock.add("first step", time.perf_counter() - window.start - fetched)
         clock.done()
         self.accelerator.print(clock.line())
+        if self.recipe.train.compile:  # why a first step took long: graphs compiled, or loaded from the caches
+            self.accelerator.print(f"compiled graphs by the first step: "
+                                   f"{torch._dynamo.utils.counters['stats']['unique_graphs']} ({cache_outcomes()})")
         if self.accelerator.is_main_process:
             clock.write(self.root)
         self.clock = None

@@ -1,9 +1,10 @@
 
 
-def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_dir, corpus):
+def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_dir, corpus, capsys):
     """train.compile: every decoder layer of the student (and of a teacher) compiled in place, parameter names
     unchanged; the losses of a few steps equal the eager run's up to rounding."""
     import json
+    import re
 
     import torch
 
@@ -16,17 +17,22 @@ def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_
     assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
     assert all(layer._compiled_call_impl is not None for layer in teacher.model.layers)
     assert not any("_orig_mod" in name for name in model.state_dict())
-    losses = {}
+    losses, said = {}, {}
     for compiled in (False, True):
         torch._dynamo.reset()
         finetune(recipe(tmp_path, source_dir, corpus, run=f"compile-{compiled}",
                         **{"train.compile": compiled, "train.max_steps": 2, "data.held_out": 0}))
+        said[compiled] = capsys.readouterr().out
         rows = (tmp_path / f"compile-{compiled}" / "metrics.jsonl").read_text().splitlines()
         losses[compiled] = [json.loads(r)["loss"] for r in rows if '"loss"' in r]
     assert len(losses[True]) == 2
     rows = [json.loads(r) for r in (tmp_path / "compile-True" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["compiled_graphs"] > 0 for r in rows if "loss" in r)  # how many graphs the run has compiled
     assert "compiled_graphs" not in (tmp_path / "compile-False" / "metrics.jsonl").read_text()
+    # after the start-up line, what the first step compiled and what torch.compile's caches gave it
+    line = next(line for line in said[True].splitlines() if line.startswith("compiled graphs by the first step: "))
+    assert re.search(r": \d+ \(Inductor's cache \d+ hit, \d+ missed, \d+ bypassed", line), line
+    assert "compiled graphs" not in said[False]
     for a, b in zip(losses[True], losses[False]):
         assert abs(a - b) < 1e-4 * abs(b)
 
