@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from t2r.convert.candidates import group_size, row_logits, scores_side_by_side
 from t2r.convert.conversion import convert
 from t2r.models.compilation import decoder_layers
 from t2r.models.packed_attention import can_run, packed_attention
@@ -142,22 +143,6 @@ class LayerRanking:
         return "\n".join(lines)
 
 
-def row_logits(model, rows: torch.Tensor, packed: bool = False) -> torch.Tensor:
-    """The logits `[B, L, vocab]` of `rows` `[B, L]`, each row its own document. `packed`: the rows laid end to end
-    as one sequence `[1, B * L]` with their starts in `cu_seq_lens_q`, as training's batches are
-    (`t2r.data.packing.collate_packed`), so that the mixers run the varlen kernels of training and of its held-out
-    loss (compiled once on a fresh machine for all three, where the ranking compiled a set of its own) and the
-    softmax layers varlen attention (inside `packed_attention`, which the caller holds). The same function."""
-    if not packed:
-        return model(rows, use_cache=False).logits
-    count, length = rows.shape
-    starts = torch.arange(0, (count + 1) * length, length, dtype=torch.int32, device=rows.device)
-    positions = torch.arange(length, device=rows.device).repeat(count)[None]
-    out = model(rows.reshape(1, -1), position_ids=positions, cu_seq_lens_q=starts, cu_seq_lens_k=starts,
-                max_length_q=length, max_length_k=length, use_cache=False)
-    return out.logits.view(count, length, -1)
-
-
 @torch.no_grad()
 def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor], batch_size: int,
                     packed: bool = False) -> float:
@@ -184,26 +169,6 @@ def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int
         total += loss[mask].sum().item()
         count += int(mask.sum())
     return total / max(count, 1)
-
-
-@contextlib.contextmanager
-def keep_softmax(converted, source, layers):
-    """Inside, `converted` (every layer converted from `source`) runs `source`'s own attention modules at `layers`
-    (and their layer types, so each gets the mask it expects): the conversion of the other layers alone, without
-    converting again. The gates of the converted layers are those of the one conversion, so for targets whose
-    fresh layers depend on random draws (GSA's slots) a candidate differs from `convert(source, layers=...)` in
-    those draws only; with a window (every gain 0), or a closed forget gate, the two are the same model."""
-    decoder, original = decoder_layers(converted), decoder_layers(source)
-    types = converted.config.layer_types if converted.config.layer_types is not None else [None] * len(decoder)
-    source_types = getattr(source.config, "layer_types", None) or ["full_attention"] * len(original)
-    saved = [(i, decoder[i].self_attn, types[i]) for i in layers]
-    try:
-        for i in layers:
-            decoder[i].self_attn, types[i] = original[i].self_attn, source_types[i]
-        yield converted
-    finally:
-        for i, attention, kind in saved:
-            decoder[i].self_attn, types[i] = attention, kind
 
 
 class RankingProgress:
@@ -291,28 +256,30 @@ def rank_layers(source, target: str, input_ids: torch.Tensor, batch_size: int = 
 
 def _sweep(converted, source, input_ids, reference, recall, batch_size, packed, sweep, say, progress):
     """Per layer, the (KL, recall cost) of its candidate (see `rank_layers`): two lists, the second empty
-    without recall prompts."""
+    without recall prompts. Packed, the candidates run side by side, several to a forward
+    (`t2r.convert.candidates`)."""
     layers = len(decoder_layers(converted))
-
-    def measure(softmax_layers) -> tuple[float, float | None]:
-        with keep_softmax(converted, source, softmax_layers):
-            kl = kl_to_reference(converted, input_ids, reference, batch_size, packed)
-            return kl, (answer_loss(converted, *recall, batch_size, packed) if recall is not None else None)
-
-    if sweep == "convert-one":
-        base_recall = answer_loss(source, *recall, batch_size, packed) if recall is not None else None
-        base_kl = 0.0
-        sign = 1.0
-    else:
-        base_kl, base_recall = measure([])
-        sign = -1.0
-    kl, costs = [], []
+    every = list(range(layers))
+    keep_one = sweep == "keep-one"
+    kept = [[] if keep_one else every] + [[layer] if keep_one else every[:layer] + every[layer + 1:] for layer in every]
+    group = group_size(batch_size, input_ids.shape[1], converted) if packed else 1
+    measured, kl, costs = [], [], []
     say.start()
-    for layer in tqdm(range(layers), desc=say.title, disable=None if progress else True, leave=False):
-        kept = [layer] if sweep == "keep-one" else [i for i in range(layers) if i != layer]
-        layer_kl, layer_recall = measure(kept)
-        kl.append(sign * (layer_kl - base_kl))
-        if recall is not None:
-            costs.append(sign * (layer_recall - base_recall))
-        say.done(layer, kl[-1], costs[-1] if recall is not None else None)
+    bar = tqdm(total=layers, desc=say.title, disable=None if progress else True, leave=False)
+    for first in range(0, len(kept), group):
+        kls, recalls = scores_side_by_side(converted, source, kept[first:first + group], input_ids, reference, recall,
+                                           batch_size, packed)
+        measured += zip(kls, recalls if recalls is not None else [None] * len(kls))
+        base_kl, base_recall = measured[0]
+        if not keep_one:
+            base_kl = 0.0  # the rise over the source: the base is the source itself
+        sign = -1.0 if keep_one else 1.0
+        for layer in range(len(kl), len(measured) - 1):
+            layer_kl, layer_recall = measured[layer + 1]
+            kl.append(sign * (layer_kl - base_kl))
+            if recall is not None:
+                costs.append(sign * (layer_recall - base_recall))
+            say.done(layer, kl[-1], costs[-1] if recall is not None else None)
+            bar.update()
+    bar.close()
     return kl, costs

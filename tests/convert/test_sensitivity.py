@@ -286,16 +286,40 @@ def test_ranking_leaves_no_layer_swapped():
     assert type(before[0]).__name__ == "LlamaAttention"
 
 
+@pytest.mark.parametrize("sweep", ["keep-one", "convert-one"])
 @pytest.mark.parametrize("target, options", [("gdn", {"window": 4, "sinks": 1}), ("gsa", {"num_slots": 4})])
-def test_rows_packed_into_one_sequence_rank_as_the_rows_do(target, options):
-    """On a GPU the ranking runs each batch of rows as one packed sequence (the varlen kernels training compiles
-    anyway); the scores are those of the rows run apart, and so is the choice."""
+@pytest.mark.parametrize("group_tokens", [2 * 2 * 20, 10**6])
+def test_candidates_side_by_side_rank_as_one_at_a_time(target, options, sweep, group_tokens, monkeypatch):
+    """On a GPU the ranking runs its candidates side by side, several to one packed forward (each layer mixing the
+    source's attention and the converted mixer block by block, `t2r.convert.candidates`); the scores are those
+    of the candidates run one at a time on the rows apart, and so is the choice: 2 candidates a forward or all."""
+    from t2r.convert import candidates
+
+    monkeypatch.setattr(candidates, "GROUP_TOKENS", group_tokens)
     source = tiny_source("llama")
-    apart = rank_layers(source, target, IDS, batch_size=2, progress=False, recall=RECALL, criterion="kl+recall",
-                        sweep="keep-one", packed=False, **options)
-    packed = rank_layers(source, target, IDS, batch_size=2, progress=False, recall=RECALL, criterion="kl+recall",
-                         sweep="keep-one", packed=True, **options)
-    assert min(map(abs, apart.kl)) > 1e-5  # every candidate differs from the all-converted model
+    ranked = {packed: rank_layers(source, target, IDS, batch_size=2, progress=False, recall=RECALL,
+                                  criterion="kl+recall", sweep=sweep, packed=packed, **options)
+              for packed in (False, True)}
+    apart, packed = ranked[False], ranked[True]
+    assert min(map(abs, apart.kl)) > 1e-5  # every candidate differs from the base model
     torch.testing.assert_close(torch.tensor(packed.kl), torch.tensor(apart.kl), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(torch.tensor(packed.recall), torch.tensor(apart.recall), rtol=1e-4, atol=1e-6)
     assert packed.most_sensitive(1) == apart.most_sensitive(1)
+
+
+def test_a_mixed_layer_gives_each_block_its_own_candidates_output():
+    """`MixedAttention`: the source attention's output in the blocks whose candidate keeps the layer, the
+    converted mixer's in the others."""
+    from t2r.convert.candidates import MixedAttention
+
+    class Constant(torch.nn.Module):
+        def __init__(self, value):
+            super().__init__()
+            self.value = value
+
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            return torch.full_like(hidden_states, self.value), None
+
+    mixed = MixedAttention(Constant(1.0), Constant(2.0), [False, True, False], block=3)
+    out, _ = mixed(torch.zeros(1, 9, 4))
+    assert out[0, :, 0].tolist() == [2.0] * 3 + [1.0] * 3 + [2.0] * 3
