@@ -66,23 +66,6 @@ def cache_outcomes() -> str:
     return "; ".join(said)
 
 
-JOB_PREFIX = "t2r-"
-"""The compilation jobs t2r names (`same_job`) begin so."""
-
-
-def same_job(name: str) -> str:
-    """Names this process's compilation job `name` (`torch.compiler.config.job_id`, unless the user set one, e.g.
-    TORCH_COMPILE_JOB_ID), and returns the name in force. Under a job's name Dynamo keeps its profile of the shapes
-    that turned out dynamic (automatic-dynamic PGO, in Inductor's cache directory) and reads it back in the job's
-    next process: a resumed run then compiles at its first step the graphs the stopped run had settled on, which
-    Inductor's cache holds, where without the profile it compiled static ones first, new to the cache (an H100
-    resume's first step: 1 of 3 graphs missed, 7.2 s; the next resume, all hit: 5.4 s, 2026-11-28)."""
-    config = torch.compiler.config
-    if config.job_id is None or config.job_id.startswith(JOB_PREFIX):  # unset, or an earlier run's in this process
-        config.job_id = name
-    return config.job_id
-
-
 def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
     """Every decoder layer through torch.compile (static shapes by default); returns `model`."""
     config = torch._dynamo.config

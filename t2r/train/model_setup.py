@@ -4,7 +4,6 @@ trainable parameters chosen (all, attention, the new gates only, or LoRA through
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ from torch import nn
 from t2r.convert import calibrated_convert
 from t2r.dtypes import torch_dtype
 from t2r.layers.base import ATTENTION_PROJECTIONS, REUSED_MODULES, ConvertedAttention
-from t2r.models.compilation import JOB_PREFIX, compile_layers, same_job
+from t2r.models.compilation import compile_layers
 from t2r.sources import load_source
 
 
@@ -88,17 +87,10 @@ def build_model(recipe, dtype: torch.dtype | None = None, clock=None, device: to
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if recipe.train.compile:
-        same_job(run_job(recipe))  # a resume compiles the graphs the run had settled on
         compile_layers(model)
         if teacher is not None:
             compile_layers(teacher)
     return select_trainable(model, recipe, trainable), tokenizer, teacher
-
-
-def run_job(recipe) -> str:
-    """The compilation job of the recipe's run: its run directory, wherever it is resumed from."""
-    where = str(Path(recipe.checkpoint.dir).resolve())
-    return f"{JOB_PREFIX}{hashlib.sha256(where.encode()).hexdigest()[:16]}"
 
 
 def _is_cuda(device) -> bool:

@@ -1,5 +1,3 @@
-import os
-from pathlib import Path
 
 
 def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_dir, corpus, capsys):
@@ -72,32 +70,3 @@ def test_train_compile_with_a_window_off_cuda_is_refused_before_loading(tmp_path
             {"convert.layers": "0", "convert.options.window": 4} if "convert.kept_window" in extra else {})})
         with pytest.raises(ValueError, match="train.compile=false"):
             build_model(r, device="cpu")
-
-
-def test_a_compiled_run_keeps_its_shape_profile_for_its_resumes(tmp_path, source_dir, corpus, monkeypatch):
-    """Dynamo's profile of the shapes that turned dynamic is kept under the run's job name (its run directory's),
-    the same for a resume from any working directory, so that a resumed run compiles the graphs the stopped run
-    settled on (and Inductor's cache holds) instead of static ones first; a job id the user set is kept."""
-    import torch
-    from torch._dynamo import pgo
-
-    from t2r.train import finetune
-    from t2r.train.model_setup import run_job
-    from tests.helpers.recipes import recipe
-
-    monkeypatch.setattr(torch.compiler.config, "job_id", None)
-    torch._dynamo.reset()
-    run = recipe(tmp_path, source_dir, corpus, run="profiled", **{"train.compile": True, "train.max_steps": 1,
-                                                                   "data.held_out": 0})
-    finetune(run)
-    assert torch.compiler.config.job_id == run_job(run) and run_job(run).startswith("t2r-")
-    assert Path(pgo.code_state_path(pgo.get_cache_key())).is_file()
-    monkeypatch.chdir(tmp_path)  # the same run named from elsewhere: the same job
-    relative = recipe(tmp_path, source_dir, corpus, run="profiled")
-    relative.checkpoint.dir = os.path.relpath(run.checkpoint.dir, tmp_path)
-    assert run_job(relative) == run_job(run) != run_job(recipe(tmp_path, source_dir, corpus, run="another"))
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch.compiler.config, "job_id", "users-own")
-    finetune(recipe(tmp_path, source_dir, corpus, run="named", **{"train.compile": True, "train.max_steps": 1,
-                                                                   "data.held_out": 0}))
-    assert torch.compiler.config.job_id == "users-own"
