@@ -4,8 +4,10 @@
 # Source benchmarks/repro/device_env.sh first (model, data and wheels staged; accelerate in /tmp/site).
 #
 #   bash benchmarks/repro/two_cards.sh one                 # the frontier recipe to step 100 on card 0 alone
-#   RUN=NAME bash benchmarks/repro/two_cards.sh one|ddp    # the same as run NAME (runs/NAME, NAME.log): with
-#                                                          # PYTHONPATH=P:$PYTHONPATH, the t2r package under P
+#   RUN=NAME bash benchmarks/repro/two_cards.sh one|ddp    # the same as run NAME (runs/NAME, NAME.log); with
+#                                                          # PYTHONPATH=P:$PYTHONPATH PYTHONSAFEPATH=1, the t2r
+#                                                          # package under P (`python -m` puts the working
+#                                                          # directory ahead of PYTHONPATH unless PYTHONSAFEPATH)
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
