@@ -191,8 +191,10 @@ class StepLoop:
         clock.done()
         self.accelerator.print(clock.line())
         if self.recipe.train.compile:  # why a first step took long: graphs compiled, or loaded from the caches
+            caches = cache_outcomes()
             self.accelerator.print(f"compiled graphs by the first step: "
-                                   f"{torch._dynamo.utils.counters['stats']['unique_graphs']} ({cache_outcomes()})")
+                                   f"{torch._dynamo.utils.counters['stats']['unique_graphs']}"
+                                   + (f" ({caches})" if caches else ""))
         if self.accelerator.is_main_process:
             clock.write(self.root)
         self.clock = None

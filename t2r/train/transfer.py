@@ -79,10 +79,14 @@ class AttentionTargets:
     def fill(self, teacher: nn.Module, inputs: dict) -> None:
         """Runs the teacher's forward on `inputs` as far as its last paired attention layer: the layers after it,
         the last one's MLP and the output head compute nothing the MSE reads. Under FSDP (`through_forward`) the
-        forward runs whole: cutting it short would leave the sharded units gathered."""
+        forward runs whole: cutting it short would leave the sharded units gathered. Eager where the teacher's
+        layers are compiled (`train.compile`): the hooks break a compiled layer's graph in two, graphs no later stage
+        uses, and a run resumed after this stage compiled the teacher's whole graph where the stopped run had kept
+        the broken one, so its first step found that graph in no cache (an H100 resume, 2026-11-28)."""
         self._stop_after = None if self.through_forward else max(i for i, _, _ in self.pairs)
         try:
-            teacher(**inputs)
+            with torch.compiler.set_stance("force_eager"):
+                teacher(**inputs)
         except _Filled:
             pass
         finally:

@@ -79,3 +79,33 @@ def test_fill_runs_the_whole_forward_through_the_student_under_fsdp():
         targets.fill(teacher, {"input_ids": ids()})
     assert ran == [2] and sorted(targets.captured) == [0]
     targets.close()
+
+
+def test_fill_compiles_nothing_where_the_teachers_layers_are_compiled():
+    """The attention-MSE stage's teacher forward runs eager: its hooks would break each compiled layer's graph in
+    two, graphs the later stages never use, and a run resumed after that stage compiled the whole graph the
+    stopped run never made (a miss in Inductor's cache at the resumed first step). The captures are the same."""
+    from torch._dynamo.utils import counters
+
+    from t2r.models.compilation import compile_layers
+
+    teacher = tiny_source("llama")
+    student = t2r.convert(tiny_source("llama"), "gla", layers="0,1")
+    x = {"input_ids": ids(), "use_cache": False}
+    eager = AttentionTargets(student, teacher)
+    with torch.no_grad():
+        eager.fill(teacher, x)
+    expected = {i: out.clone() for i, (_, out) in eager.captured.items()}
+    eager.close()
+    torch._dynamo.reset()
+    compile_layers(teacher)
+    targets = AttentionTargets(student, teacher)
+    with torch.no_grad():
+        targets.fill(teacher, x)
+        targets.fill(teacher, x)
+    assert counters["stats"]["unique_graphs"] == 0
+    assert sorted(targets.captured) == sorted(expected) == [0, 1]
+    for i, out in expected.items():
+        torch.testing.assert_close(targets.captured[i][1], out)
+    targets.close()
+    torch._dynamo.reset()
