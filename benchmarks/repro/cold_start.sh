@@ -26,4 +26,4 @@ PYTHONPATH=${package:+$package:}${PYTHONPATH:-} PYTHONSAFEPATH=$safe timeout -s 
 echo "== $name rc $? ($(head -1 "$out/$name.log")): $(grep -m1 -o 'start-up: .*' "$out/$name.log")"
 grep -m2 -E "rank layers .*(ready|layer 29 )" "$out/$name.log"
 python3 -c "import json, sys; print('== kept softmax:', json.load(open(sys.argv[1]))['softmax_layers'])" \
-    "runs/$name/ranking.json" 2>/dev/null
+    "runs/$name/layer_ranking/ranking.json" 2>/dev/null
