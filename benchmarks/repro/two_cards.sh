@@ -7,7 +7,9 @@
 #   RUN=NAME bash benchmarks/repro/two_cards.sh one|ddp    # the same as run NAME (runs/NAME, NAME.log); with
 #                                                          # PYTHONPATH=P:$PYTHONPATH PYTHONSAFEPATH=1, the t2r
 #                                                          # package under P (`python -m` puts the working
-#                                                          # directory ahead of PYTHONPATH unless PYTHONSAFEPATH)
+#                                                          # directory ahead of PYTHONPATH unless PYTHONSAFEPATH);
+#                                                          # ARGS="section.field=value ..." adds overrides, e.g.
+#                                                          # train.tokens_per_step=262144 (4 micro-batches a rank)
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
@@ -71,11 +73,13 @@ one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.
     reader=(); [ "$1" = one-thread ] && reader=(data.reader=thread)
     run=${RUN:-$1}
     watch_gpus "$run"
+    # shellcheck disable=SC2086  # ARGS: overrides split on spaces
     CUDA_VISIBLE_DEVICES=0 python3 -m t2r.cli finetune --config "$recipe" name="$run" "${fixed[@]}" "${reader[@]}" \
-        >> "$out/$run.log" 2>&1
+        ${ARGS:-} >> "$out/$run.log" 2>&1
     finish "$run" $?
     ;;
-ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ;;
+# shellcheck disable=SC2086  # ARGS: overrides split on spaces
+ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ${ARGS:-} ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
 ddp-bf16) two ddp-bf16 recipes/accelerate/ddp-2gpu.yaml 29517 train.gradient_sync=bf16 ;;
 ddp-cut) cut ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 ;;
