@@ -78,7 +78,7 @@ def main() -> None:
             done = subprocess.run([sys.executable, str(script), mode, str(stop_at), str(config)], env=env,
                                   capture_output=True, text=True, timeout=900, cwd=tmp)
             lines = [line for line in (done.stdout + done.stderr).splitlines()
-                     if line.startswith(("start-up:", "compiled graphs by", "resumed from"))]
+                     if line.startswith(("start-up:", "resumed from")) or "compiled graphs by" in line]
             print(f"== {mode} (t2r from {package}, rc {done.returncode})")
             print("\n".join(lines) if lines else (done.stdout + done.stderr)[-2000:])
 

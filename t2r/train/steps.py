@@ -165,6 +165,10 @@ class StepLoop:
         """What follows an optimizer step: the start-up line after the first, the step's metrics (progress,
         metrics.jsonl, trackers, `state`), its checkpoint, the callbacks, a stop signal. Returns the metrics."""
         window = self.window
+        if self.clock is None and self.step == self.run.first and self.recipe.train.compile:
+            # a later stage's first step (the first stage's is on the start-up line): its graphs compiled or loaded
+            self.accelerator.print(f"{self.run.stage or 'training'}: first step "
+                                   f"{time.perf_counter() - window.start:.1f} s, {_compiled()}")
         self.close_clock(window)
         self.step += 1
         self.tokens += window.tokens
@@ -191,10 +195,7 @@ class StepLoop:
         clock.done()
         self.accelerator.print(clock.line())
         if self.recipe.train.compile:  # why a first step took long: graphs compiled, or loaded from the caches
-            caches = cache_outcomes()
-            self.accelerator.print(f"compiled graphs by the first step: "
-                                   f"{torch._dynamo.utils.counters['stats']['unique_graphs']}"
-                                   + (f" ({caches})" if caches else ""))
+            self.accelerator.print(f"first step: {_compiled()}")
         if self.accelerator.is_main_process:
             clock.write(self.root)
         self.clock = None
@@ -270,6 +271,13 @@ def _save(recipe, accelerator, model, run: Steps, state: dict, step: int) -> Pat
     return checkpoint.save(accelerator, root, dict(state), write_extra=lambda d: save_resolved(recipe, d),
                            keep_last=max(1, recipe.checkpoint.keep_last),  # 0: the newest until final/ is written
                            label=run.stage)
+
+
+def _compiled() -> str:
+    """How many graphs this process has compiled so far, and what torch.compile's caches gave it."""
+    caches = cache_outcomes()
+    return f"compiled graphs by now {torch._dynamo.utils.counters['stats']['unique_graphs']}" + (
+        f" ({caches})" if caches else "")
 
 
 def _signal(stop) -> int | None:

@@ -100,10 +100,11 @@ def test_fill_compiles_nothing_where_the_teachers_layers_are_compiled():
     torch._dynamo.reset()
     compile_layers(teacher)
     targets = AttentionTargets(student, teacher)
+    before = counters["stats"]["unique_graphs"]  # process-wide: other tests in this worker compiled before
     with torch.no_grad():
         targets.fill(teacher, x)
         targets.fill(teacher, x)
-    assert counters["stats"]["unique_graphs"] == 0
+    assert counters["stats"]["unique_graphs"] == before
     assert sorted(targets.captured) == sorted(expected) == [0, 1]
     for i, out in expected.items():
         torch.testing.assert_close(targets.captured[i][1], out)
