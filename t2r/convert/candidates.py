@@ -59,6 +59,18 @@ def row_logits(model, rows: torch.Tensor, packed: bool = False) -> torch.Tensor:
     return out.logits.view(count, length, -1)
 
 
+def kl_sum(logits: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """KL(reference || model) summed over the predicted tokens of rows: `logits` `[B, L, vocab]` of the model,
+    `log_p` `[B, L - 1, vocab]` the reference's log-probs of the next tokens."""
+    return F.kl_div(F.log_softmax(logits[:, :-1].float(), -1), log_p, log_target=True, reduction="sum")
+
+
+def answer_loss_sum(logits: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Next-token loss summed over the positions `mask` `[B, L - 1]` marks: `logits` `[B, L, vocab]` of `rows`."""
+    per_token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), rows[:, 1:], reduction="none")
+    return per_token[mask].sum()
+
+
 def can_mix(converted) -> bool:
     """Whether a layer may hold a mix: every layer type gets the same rotary embedding (in a model whose rotary
     embedding depends on the layer type, the two halves of a mixed layer would want different ones)."""
@@ -111,10 +123,8 @@ def scores_side_by_side(converted, source, kept: list[list[int]], input_ids: tor
     tokens = 0
     for start, log_p in zip(range(0, len(input_ids), batch_size), reference):
         rows = input_ids[start:start + batch_size].to(device)
-        logits = _candidates_logits(converted, source, kept, rows, packed)
-        for g, piece in enumerate(logits):
-            log_q = F.log_softmax(piece[:, :-1].float(), -1)
-            kl[g] += F.kl_div(log_q, log_p.to(device), log_target=True, reduction="sum")
+        for g, piece in enumerate(_candidates_logits(converted, source, kept, rows, packed)):
+            kl[g] += kl_sum(piece, log_p.to(device))
         tokens += log_p.shape[0] * log_p.shape[1]
     if recall is None:
         return (kl / tokens).tolist(), None
@@ -124,8 +134,7 @@ def scores_side_by_side(converted, source, kept: list[list[int]], input_ids: tor
     for start in range(0, len(ids), batch_size):
         rows, mask = ids[start:start + batch_size].to(device), answers[start:start + batch_size, 1:].to(device)
         for g, piece in enumerate(_candidates_logits(converted, source, kept, rows, packed)):
-            per_token = F.cross_entropy(piece[:, :-1].float().transpose(1, 2), rows[:, 1:], reduction="none")
-            loss[g] += per_token[mask].sum()
+            loss[g] += answer_loss_sum(piece, rows, mask)
         answered += int(mask.sum())
     return (kl / tokens).tolist(), (loss / max(answered, 1)).tolist()
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from t2r.convert.candidates import group_size, row_logits, scores_side_by_side
+from t2r.convert.candidates import answer_loss_sum, group_size, kl_sum, row_logits, scores_side_by_side
 from t2r.convert.conversion import convert
 from t2r.models.compilation import decoder_layers
 from t2r.models.packed_attention import can_run, packed_attention
@@ -144,29 +144,25 @@ class LayerRanking:
 
 
 @torch.no_grad()
-def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor], batch_size: int,
-                    packed: bool = False) -> float:
+def kl_to_reference(model, input_ids: torch.Tensor, reference: list[torch.Tensor], batch_size: int) -> float:
     """Mean KL(reference || model) per predicted token; `reference` holds the log-probs of each batch."""
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for start, log_p in zip(range(0, len(input_ids), batch_size), reference):
-        logits = row_logits(model, input_ids[start:start + batch_size].to(device), packed)[:, :-1]
-        log_q = F.log_softmax(logits.float(), -1)
-        total += F.kl_div(log_q, log_p.to(device), log_target=True, reduction="sum").item()
+        logits = model(input_ids[start:start + batch_size].to(device), use_cache=False).logits
+        total += kl_sum(logits, log_p.to(device)).item()
         count += log_p.shape[0] * log_p.shape[1]
     return total / count
 
 
 @torch.no_grad()
-def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int, packed: bool = False) -> float:
+def answer_loss(model, ids: torch.Tensor, answers: torch.Tensor, batch_size: int) -> float:
     """Mean next-token loss over the positions `answers` `[N, width]` (bool) marks in `ids` `[N, width]`."""
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for start in range(0, len(ids), batch_size):
         rows, mask = ids[start:start + batch_size].to(device), answers[start:start + batch_size, 1:].to(device)
-        logits = row_logits(model, rows, packed)[:, :-1].float()
-        loss = F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
-        total += loss[mask].sum().item()
+        total += answer_loss_sum(model(rows, use_cache=False).logits, rows, mask).item()
         count += int(mask.sum())
     return total / max(count, 1)
 
@@ -263,6 +259,7 @@ def _sweep(converted, source, input_ids, reference, recall, batch_size, packed, 
     keep_one = sweep == "keep-one"
     kept = [[] if keep_one else every] + [[layer] if keep_one else every[:layer] + every[layer + 1:] for layer in every]
     group = group_size(batch_size, input_ids.shape[1], converted) if packed else 1
+    sign = -1.0 if keep_one else 1.0  # the fall from the all-converted model, the rise over the source
     measured, kl, costs = [], [], []
     say.start()
     bar = tqdm(total=layers, desc=say.title, disable=None if progress else True, leave=False)
@@ -272,8 +269,7 @@ def _sweep(converted, source, input_ids, reference, recall, batch_size, packed, 
         measured += zip(kls, recalls if recalls is not None else [None] * len(kls))
         base_kl, base_recall = measured[0]
         if not keep_one:
-            base_kl = 0.0  # the rise over the source: the base is the source itself
-        sign = -1.0 if keep_one else 1.0
+            base_kl = 0.0  # the base is the source itself
         for layer in range(len(kl), len(measured) - 1):
             layer_kl, layer_recall = measured[layer + 1]
             kl.append(sign * (layer_kl - base_kl))
