@@ -97,7 +97,8 @@ def _accelerator(recipe):
     GradientState._reset_state()
     return Accelerator(cpu=cpu, mixed_precision=recipe.train.mixed_precision, gradient_accumulation_steps=accum,
                        log_with=recipe.logging.trackers or None, project_dir=str(Path(recipe.checkpoint.dir) / "logs"),
-                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False,
+                                                                     bucket_cap_mb=recipe.train.gradient_bucket_mb)])
 
 
 def _check_data(recipe) -> str | None:

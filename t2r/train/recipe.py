@@ -102,6 +102,11 @@ class TrainSection:
     """How data-parallel processes (DDP) average their gradients: fp32, or bf16 (torch's bf16 compression hook:
     half the bytes all-reduced, each process's gradient rounded to bf16 before the mean). Nothing changes on
     one process or under FSDP."""
+    gradient_bucket_mb: int = 25
+    """DDP's all-reduce bucket in MiB (torch's default 25): each bucket's all-reduce starts in the backward once its
+    gradients are ready. Where the step is bound by launching kernels, the ranks meet at every bucket; a bucket
+    larger than the gradients (e.g. 1024) makes one all-reduce at the backward's end. Nothing changes on one
+    process or under FSDP."""
     compile: bool = False
     """Regional compilation of the student and the teacher (`t2r.models.compilation`: each decoder layer through
     torch.compile, one graph shared by the layers): faster steps after a first step that compiles."""
@@ -113,6 +118,7 @@ class TrainSection:
         "seed": {"min": 0, "max": SEED_MAX}, "mixed_precision": {"choices": MIXED_PRECISION},
         "trainable": {"choices": TRAINABLE}, "max_nonfinite_steps": {"min": 1, "max": STEPS_MAX},
         "max_collapsed_steps": {"min": 1, "max": STEPS_MAX}, "gradient_sync": {"choices": GRADIENT_SYNC},
+        "gradient_bucket_mb": {"min": 1, "max": 1 << 20},
     }
 
     @property

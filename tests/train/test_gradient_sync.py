@@ -56,4 +56,14 @@ def test_ddp_does_not_broadcast_the_buffers_before_each_forward():
     from tests.helpers.recipes import make_recipe
 
     accelerator = _accelerator(make_recipe(check_files=False))
-    assert accelerator.ddp_handler.to_kwargs() == {"broadcast_buffers": False}
+    assert accelerator.ddp_handler.to_kwargs()["broadcast_buffers"] is False
+
+
+def test_ddp_buckets_its_all_reduce_as_the_recipe_says():
+    """`train.gradient_bucket_mb` reaches DDP (torch's default, 25 MiB, where the recipe is silent)."""
+    from t2r.train.finetuning import _accelerator
+    from tests.helpers.recipes import make_recipe
+
+    assert _accelerator(make_recipe(check_files=False)).ddp_handler.to_kwargs().get("bucket_cap_mb", 25) == 25
+    recipe = make_recipe("train.gradient_bucket_mb=1024", check_files=False)
+    assert _accelerator(recipe).ddp_handler.to_kwargs()["bucket_cap_mb"] == 1024
