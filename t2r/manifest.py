@@ -7,7 +7,9 @@ added file); `verify_model_dir` is what loading a model directory calls: a direc
 (a hub checkpoint, a model saved by other tools) loads unchecked, one with a manifest must match it. The
 converted model classes' `from_pretrained` checks a local directory too (`t2r.models.loading`), but not twice:
 `verify_model_dir` remembers the directory it passed (every file's inode, size and times) for one later
-`already_verified`, which `from_pretrained` asks first.
+`already_verified`, which `from_pretrained` asks first. `verify_ahead` starts the same check in a thread, for
+the command line to hide it behind its imports; the `verify_model_dir` that follows takes its outcome where no
+file changed since it started.
 Hashing reads every byte once, several files at a time (hashlib releases the GIL): the 517 MiB dense SmolLM2
 copy verifies in 0.73 s on a busy 2-core CPU machine (loading it takes 0.6-1.2 s), about 0.7 GB/s a file.
 
@@ -20,6 +22,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -114,22 +117,72 @@ def verify_model_dir(directory: str | os.PathLike, remember: bool = True, fix: s
     when it has none; DamagedModelError naming the file and `fix` (what to do) otherwise. With `remember`, the
     outcome is kept for one `already_verified` of the unchanged directory (the load that follows)."""
     directory = Path(directory)
+    ahead = _taken_ahead(directory, fix)
+    if isinstance(ahead, Exception):
+        raise ahead
+    signature, had_manifest = ahead if ahead is not None else (_signature(directory), _check(directory, fix))
+    if remember:
+        _verified[_key(directory)] = (signature, had_manifest)
+    return had_manifest
+
+
+def _check(directory: Path, fix: str) -> bool:
+    """`verify_model_dir`'s check itself: True when the directory has a manifest and matches it, False when it
+    has none, DamagedModelError otherwise."""
     try:
         listed = read(directory)
     except ValueError as err:
         raise DamagedModelError(f"{directory}: {err}; {fix}") from None
     if listed is None:
-        if remember:
-            _verified[_key(directory)] = (_signature(directory), False)
         return False
     # only what loading reads: the model card (README.md), plots and notes are the user's to edit
     found = problem(directory, {name: entry for name, entry in listed.items() if loaded_by_models(name)},
                     extra_refused=loaded_by_models)
     if found:
         raise DamagedModelError(f"{directory} is damaged: {found}; {fix} (its {MANIFEST} lists what t2r wrote)")
-    if remember:
-        _verified[_key(directory)] = (_signature(directory), True)
     return True
+
+
+class _Ahead(threading.Thread):
+    """`verify_model_dir` of one directory in a daemon thread; `outcome` is (signature, had a manifest), or the
+    error it raised."""
+
+    def __init__(self, directory: Path, fix: str):
+        super().__init__(name=f"t2r-verify {directory.name}", daemon=True)
+        self.directory, self.fix, self.signature = directory, fix, _signature(directory)
+        self.outcome: tuple[tuple, bool] | Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.outcome = (self.signature, _check(self.directory, self.fix))
+        except Exception as err:  # noqa: BLE001 - kept for the caller's thread, which raises it
+            self.outcome = err
+
+
+_ahead: dict[str, _Ahead] = {}
+"""Checks started by `verify_ahead`: {real path: its thread}."""
+
+
+def verify_ahead(directory: str | os.PathLike, fix: str = REWRITE) -> None:
+    """Starts `verify_model_dir(directory)` in a thread (hashing releases the GIL: the caller's imports go on);
+    the next `verify_model_dir` of the directory, with the same `fix`, waits for it and takes its outcome if no
+    file changed since. A directory that is not there, or is already being checked, starts nothing."""
+    directory = Path(directory)
+    if directory.is_dir() and _key(directory) not in _ahead:
+        _ahead[_key(directory)] = thread = _Ahead(directory, fix)
+        thread.start()
+
+
+def _taken_ahead(directory: Path, fix: str) -> tuple[tuple, bool] | Exception | None:
+    """The outcome of `verify_ahead`'s check of `directory` (waited for), once; None when there was none, it was
+    for another `fix`, or a file changed since it started (the caller then checks again)."""
+    thread = _ahead.pop(_key(directory), None)
+    if thread is None:
+        return None
+    thread.join()
+    if thread.fix != fix or _signature(directory) != thread.signature:
+        return None
+    return thread.outcome
 
 
 _verified: dict[str, tuple[tuple, bool]] = {}

@@ -178,6 +178,26 @@ def shape_config(spec: str):
     return known_config(spec) or load_config(spec)
 
 
+def verify_ahead(spec: str) -> None:
+    """Starts, in a thread, the check `load_source` will make of `spec`'s files (a local directory t2r wrote, or
+    the dense SmolLM2 copy once built; `t2r.manifest.verify_ahead`): the command line calls it before its imports,
+    which hide the hashing. Anything else (a hub id, a GGUF, a path that is not there) starts nothing: the load
+    says what is wrong."""
+    try:
+        if spec == SMOLLM2:
+            target, fix = cache_dir() / SMOLLM2_DENSE, CACHE_FIX
+            if not all((target / name).is_file() for name in ("config.json", manifest.MANIFEST)):
+                return  # built on first use (`smollm2_dense`), then checked there
+        else:
+            path, kwargs = resolve(spec)
+            if "gguf_file" in kwargs:
+                return
+            target, fix = Path(path), manifest.REWRITE
+        manifest.verify_ahead(target, fix=fix)
+    except (OSError, ValueError):
+        return
+
+
 def load_source(spec: str, dtype: torch.dtype | str | None = None, device: str | None = None):
     """(model, tokenizer) for `spec`: a hub id, a local directory (source or converted, or a LoRA adapter
     whose `adapter_config.json` names its base), a .gguf file, or `smollm2`."""

@@ -3,6 +3,7 @@ flipped bytes, a missing tensor, nan weights or a weights file swapped for a sym
 Hub ids and directories t2r did not write load as before; a directory `load_source` verified is not hashed twice."""
 
 import shutil
+import threading
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from t2r import manifest
 from t2r.manifest import DamagedModelError
 from t2r.model_dir import CONVERSION_FILE, save_converted
 from t2r.models import loading
-from t2r.sources import load_source
+from t2r.sources import load_source, verify_ahead
 from tests.helpers.data import word_tokenizer
 from tests.helpers.models import tiny_source
 
@@ -139,3 +140,42 @@ def test_a_directory_changed_after_load_source_verified_it_is_checked_again(copy
     assert manifest.verify_model_dir(copy) is True
     (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
     refused(copy, "gsa is damaged: config.json is")
+
+
+def test_a_check_started_ahead_is_the_loads_check(written, monkeypatch):
+    """`t2r finetune` starts the source's check beside its imports (`verify_ahead`); the load then takes that
+    check's outcome instead of hashing again."""
+    hashed = []
+    real = manifest.sha256
+    monkeypatch.setattr(manifest, "sha256", lambda path, sync=False: hashed.append(path.name) or real(path, sync))
+    checked_by = []
+    check = manifest._check
+    monkeypatch.setattr(manifest, "_check", lambda *a: checked_by.append(threading.current_thread().name) or check(*a))
+    verify_ahead(str(written))
+    load_source(str(written))
+    assert hashed.count(WEIGHTS) == 1
+    assert checked_by == ["t2r-verify gsa"]  # the check ran in the thread, not again in the load
+    assert not manifest._ahead  # taken once
+
+
+def test_damage_found_ahead_is_raised_by_the_load(copy):
+    data = bytearray((copy / WEIGHTS).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / WEIGHTS).write_bytes(bytes(data))
+    verify_ahead(str(copy))
+    with pytest.raises(DamagedModelError, match="gsa is damaged: model.safetensors does not match its SHA-256"):
+        load_source(str(copy))
+
+
+def test_a_file_changed_after_the_check_ahead_is_checked_again(copy):
+    verify_ahead(str(copy))
+    manifest._ahead[manifest._key(copy)].join()  # passed, on the files as they were
+    (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
+    with pytest.raises(DamagedModelError, match="gsa is damaged: config.json is"):
+        manifest.verify_model_dir(copy)
+
+
+def test_nothing_is_checked_ahead_for_what_is_not_a_local_directory(tmp_path):
+    for spec in ("HuggingFaceTB/SmolLM2-135M", str(tmp_path / "missing"), "./missing.gguf", str(tmp_path / "x.gguf")):
+        verify_ahead(spec)
+    assert not manifest._ahead

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from t2r.cli import threads
 from t2r.paths import offline_if_unreachable
+from t2r.sources import verify_ahead
 from t2r.train.readers import start_readers_early
 from t2r.words import counted
 
@@ -49,6 +50,7 @@ def run_finetune(args) -> int:
         return 0
     threads.note()
     start_readers_early(recipe.data.reader)  # its imports beside this process's own, next
+    verify_ahead(recipe.model.source)  # the source's checksums, hashed beside those imports
     from accelerate import PartialState
 
     from t2r.train import finetune
