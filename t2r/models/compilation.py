@@ -4,6 +4,11 @@ The layers run the same code, so they share one compiled graph (one compile, how
 mixers' Triton kernels sit inside it as torch.library custom ops, without graph breaks. Compiling the whole
 model instead would compile once per distinct layer and break at the generation cache. `nn.Module.compile`
 leaves parameter names and state dicts as they were, so checkpoints and saved models do not change.
+
+Under DDP each layer's graph stays whole: a layer's backward already ends where DDP's hooks can all-reduce its
+gradients, and dynamo's DDP optimizer (`optimize_ddp`), made for a model compiled whole, split the layers'
+graphs again at DDP's bucket boundaries (SmolLM2's gdn hybrid on two H200s: 9 Inductor graphs where one process
+has 5, and AOTAutograd's cache bypassed for the split ones, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ def compile_layers(model: nn.Module, dynamic: bool = False) -> nn.Module:
     # GSA's custom op returns its steep-chunk list, whose length follows a packed batch's chunk count: captured
     # with a size the graph learns when it runs, where dynamo would otherwise break the graph at each GSA layer
     config.capture_dynamic_output_shape_ops = True
+    config.optimize_ddp = False  # one graph a layer under DDP too (the module's docstring)
     for layer in decoder_layers(model):
         layer.compile(dynamic=dynamic)
     return model
