@@ -218,7 +218,8 @@ def profile_variant(variant: str, student, teacher, batches, args, stage, autoca
     scope.enter_context(old_path(variant == "before"))  # for the whole variant: read at every call
     loss_fn = stage_loss(model, teach, None, stage, autocast, fused=True)
     feed = batches if variant != "rows" else [as_rows(b, args.micro_batch) for b in batches]
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], 3e-4)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], 3e-4,
+                                device=next(model.parameters()).device)
     phase_gpu, phase_host = defaultdict(list), defaultdict(list)
     marks, recording = [], [False]
 

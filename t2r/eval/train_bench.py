@@ -67,7 +67,7 @@ def training_steps(model, context: int, tokens_per_step: int, warmup: int = 1, s
     cuda = device.type == "cuda"
     ids = random_ids(model.config.vocab_size, rows_per_step(tokens_per_step, context), context, seed, device)
     model.train()
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], 1e-5, fused=cuda)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], 1e-5, device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     times = []
     if cuda:

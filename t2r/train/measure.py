@@ -54,7 +54,8 @@ def measure_throughput(recipe, steps: int = 3, warmup: int = 1) -> Measured:
     before = _peak_rss()
     model, tokenizer, teacher = build_model(recipe)
     train = recipe.train
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], train.lr, train)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], train.lr, train,
+                                device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     if teacher is not None:
         place_teacher(teacher, accelerator.device)

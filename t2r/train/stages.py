@@ -109,7 +109,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
     if _sharded(accelerator) and any(stage.loss.get("attention_mse") for stage in todo):
         shard_apart(model)
     with clock.part("prepare"):
-        model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train))
+        model, optimizer = accelerator.prepare(model, build_optimizer(params, plan[index][0].lr, recipe.train,
+                                                                              device=accelerator.device))
         use_gradient_sync(model, recipe.train.gradient_sync)
         if teacher is not None:
             place_teacher(teacher, accelerator.device)
@@ -137,7 +138,8 @@ def train_stages(recipe, accelerator, found, changes, callbacks, clock=None, rec
             params = stage_parameters(unwrapped, recipe, stage, exact)
             accelerator._optimizers.remove(optimizer)  # save_state writes the prepared optimizers: this stage's only
             optimizer = None  # the last stage's moments are freed before the new ones exist
-            optimizer = accelerator.prepare_optimizer(build_optimizer(params, stage.lr, recipe.train))
+            optimizer = accelerator.prepare_optimizer(build_optimizer(params, stage.lr, recipe.train,
+                                                                      device=accelerator.device))
         unwrapped.zero_grad(set_to_none=True)  # gradients the last stage's optimizer did not own (several processes)
         if recipe.stages is not None:
             state.update(stage=stage.name, stage_step=state["step"] - first)
