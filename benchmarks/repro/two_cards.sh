@@ -10,6 +10,10 @@
 #                                                          # directory ahead of PYTHONPATH unless PYTHONSAFEPATH);
 #                                                          # ARGS="section.field=value ..." adds overrides, e.g.
 #                                                          # train.tokens_per_step=262144 (4 micro-batches a rank)
+#   ROUNDS=3 bash benchmarks/repro/two_cards.sh ab         # one card, then DDP, ROUNDS times alternating (runs
+#                                                          # one-1, ddp-1, ...; ARGS for both): each pair's ratio,
+#                                                          # in $OUT/ab.txt (two DDP runs back to back on one
+#                                                          # machine differed by 12% on 2026-11-28)
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
@@ -80,6 +84,13 @@ one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.
     ;;
 # shellcheck disable=SC2086  # ARGS: overrides split on spaces
 ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ${ARGS:-} ;;
+ab)
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        RUN=one-$round bash "$0" one; RUN=ddp-$round bash "$0" ddp
+        { echo "== round $round"; python3 benchmarks/repro/compare_runs.py "$out/one-$round-metrics.jsonl" \
+            "$out/ddp-$round-metrics.jsonl" --speed --stage distill | tail -2; } | tee -a "$out/ab.txt"
+    done
+    ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
 ddp-bf16) two ddp-bf16 recipes/accelerate/ddp-2gpu.yaml 29517 train.gradient_sync=bf16 ;;
 ddp-cut) cut ddp-cut recipes/accelerate/ddp-2gpu.yaml 29513 ;;
@@ -136,5 +147,5 @@ m7)
     echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
     grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
     ;;
-*) echo "usage: two_cards.sh one|one-thread|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+*) echo "usage: two_cards.sh one|ab|one-thread|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
 esac
