@@ -10,6 +10,7 @@ from t2r.cli import threads
 from t2r.cli.common import default_device
 from t2r.cli.eval_flags import INFERENCE_ONLY, TRAIN_DEFAULTS, TRAIN_ONLY, flag, given_settings
 from t2r.paths import check_model_spec, offline_if_unreachable
+from t2r.sources import verify_ahead
 
 
 def eval_settings(args):
@@ -29,6 +30,9 @@ def run_eval(args) -> int:
         check_model_spec(spec)
     offline_if_unreachable(args.model, settings.baseline, *settings.students)
     threads.note()
+    for spec in (args.model, settings.baseline):  # their checksums hashed beside the imports below
+        if spec:
+            verify_ahead(spec)
     from t2r.eval import evaluate, load_pair, write_report
     from t2r.eval.models import eval_dtype
     from t2r.eval.report import add_card_evaluation

@@ -9,12 +9,14 @@ from t2r.cli import threads
 from t2r.cli.common import default_device, dtype_arg
 from t2r.cli.convert import fresh_conversion_note
 from t2r.paths import check_model_spec, offline_if_unreachable
+from t2r.sources import verify_ahead
 
 
 def run_generate(args) -> int:
     check_model_spec(args.model)
     offline_if_unreachable(args.model)
     threads.note()
+    verify_ahead(args.model)  # its checksums hashed beside the imports below
     import torch
 
     from t2r.sources import load_source
