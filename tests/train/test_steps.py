@@ -33,6 +33,9 @@ def test_train_compile_compiles_the_layers_and_trains_as_eager(tmp_path, source_
     line = next(line for line in said[True].splitlines() if line.startswith("first step: compiled graphs by now "))
     assert re.search(r"now \d+ \(Inductor's cache \d+ hit, \d+ missed, \d+ bypassed", line), line
     assert "compiled graphs" not in said[False]
+    startup = {c: json.loads((tmp_path / f"compile-{c}" / "startup.json").read_text()) for c in (False, True)}
+    assert startup[True]["compile_s"] > 0 and "compile_s" not in startup[False]  # its own part of the start-up
+    assert re.search(r"start-up: .*, compile \d+\.\d s,", said[True])
     for a, b in zip(losses[True], losses[False]):
         assert abs(a - b) < 1e-4 * abs(b)
 
