@@ -144,8 +144,8 @@ def _check(directory: Path, fix: str) -> bool:
 
 
 class _Ahead(threading.Thread):
-    """`verify_model_dir` of one directory in a daemon thread; `outcome` is (signature, had a manifest), or the
-    error it raised."""
+    """`verify_model_dir`'s check (`_check`) of one directory in a daemon thread; `outcome` is (the files'
+    signature when it started, had a manifest), or the error it raised."""
 
     def __init__(self, directory: Path, fix: str):
         super().__init__(name=f"t2r-verify {directory.name}", daemon=True)
