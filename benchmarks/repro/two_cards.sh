@@ -13,7 +13,8 @@
 #   ROUNDS=3 bash benchmarks/repro/two_cards.sh ab         # one card, then DDP, ROUNDS times alternating (runs
 #                                                          # one-1, ddp-1, ...; ARGS for both): each pair's ratio,
 #                                                          # in $OUT/ab.txt (two DDP runs back to back on one
-#                                                          # machine differed by 12% on 2026-11-28)
+#                                                          # machine differed by 12% on 2026-11-28); the runs'
+#                                                          # files in $OUT/ab.tgz
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
@@ -90,6 +91,8 @@ ab)
         { echo "== round $round"; python3 benchmarks/repro/compare_runs.py "$out/one-$round-metrics.jsonl" \
             "$out/ddp-$round-metrics.jsonl" --speed --stage distill | tail -2; } | tee -a "$out/ab.txt"
     done
+    # the device returns 8 files from $OUT: the rounds' logs, metrics and nvidia-smi samples as one archive
+    (cd "$out" && tar czf ab.tgz one-[0-9]*.* ddp-[0-9]*.* && rm -f one-[0-9]*.* ddp-[0-9]*.*) && ls -l "$out/ab.tgz"
     ;;
 fsdp) two fsdp recipes/accelerate/fsdp2-2gpu.yaml 29512 ;;
 ddp-bf16) two ddp-bf16 recipes/accelerate/ddp-2gpu.yaml 29517 train.gradient_sync=bf16 ;;
