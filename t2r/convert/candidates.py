@@ -31,16 +31,21 @@ class MixedAttention(nn.Module):
 
     def __init__(self, softmax: nn.Module, converted: nn.Module, keeps: list[bool], block: int):
         super().__init__()
-        self.softmax, self.converted, self.block = softmax, converted, block
-        self.register_buffer("keeps", torch.tensor(keeps), persistent=False)
+        self.softmax, self.converted = softmax, converted
+        # which token takes the source's output, filled block by block where the layer is: a tensor copied from
+        # the host (as each forward did) waits for the device's queue, once per mixed layer and forward
+        device = next(softmax.parameters(), torch.empty(0)).device
+        self.where = torch.zeros(1, len(keeps) * block, 1, dtype=torch.bool, device=device)
+        for g, keep in enumerate(keeps):
+            if keep:
+                self.where[:, g * block:(g + 1) * block] = True
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         kept, _ = self.softmax(hidden_states, attention_mask=attention_mask, **kwargs)
         # the mask passed is the softmax layers' (causal, by documents); a converted layer's is the padding mask,
         # and a ranking's rows have no padding
         mixed, _ = self.converted(hidden_states, attention_mask=None, **kwargs)
-        where = self.keeps.to(hidden_states.device).repeat_interleave(self.block).view(1, -1, 1)
-        return torch.where(where, kept, mixed), None
+        return torch.where(self.where, kept, mixed), None
 
 
 def row_logits(model, rows: torch.Tensor, packed: bool = False) -> torch.Tensor:
