@@ -102,3 +102,16 @@ def source_dir(tmp_path_factory):
 def corpus(tmp_path_factory):
     """60 short documents as JSON lines (`tests.helpers.recipes.write_corpus`)."""
     return write_corpus(tmp_path_factory.mktemp("data") / "train.jsonl")
+
+
+@pytest.fixture
+def manifest_checks(monkeypatch):
+    """The names of the threads that ran each model directory check (`t2r.manifest._check`) in the test: a check
+    started ahead by `verify_ahead` runs in `t2r-verify <directory name>`."""
+    import threading
+
+    from t2r import manifest
+
+    names, check = [], manifest._check
+    monkeypatch.setattr(manifest, "_check", lambda *a: names.append(threading.current_thread().name) or check(*a))
+    return names

@@ -1,7 +1,6 @@
 """`t2r eval` and `t2r bench` end to end on a tiny converted model with a character tokenizer."""
 
 import json
-import threading
 
 import pytest
 
@@ -19,17 +18,14 @@ def converted(tmp_path_factory):
     return source, root / "gsa"
 
 
-def test_eval_compares_with_the_recorded_source(converted, tmp_path, capsys, monkeypatch):
+def test_eval_compares_with_the_recorded_source(converted, tmp_path, capsys, manifest_checks):
     source, model = converted
     out = tmp_path / "report"
-    checked_by = []
-    check = manifest._check
-    monkeypatch.setattr(manifest, "_check", lambda *a: checked_by.append(threading.current_thread().name) or check(*a))
     assert main(["eval", "--model", str(model), "--out", str(out), "--device", "cpu", "--suite", "ppl,passkey,bench",
                  "--ppl-length", "128", "--ppl-rows", "2", "--windows", "16", "--passkey-lengths", "200",
                  "--passkey-depths", "0,1", "--contexts", "32,64", "--limit", "1"]) == 0
     printed = capsys.readouterr().out
-    assert checked_by.count("t2r-verify gsa") == 1 and not manifest._ahead  # hashed beside the imports, once
+    assert manifest_checks.count("t2r-verify gsa") == 1 and not manifest._ahead  # hashed beside the imports, once
     results = json.loads((out / "results.json").read_text())
     assert results["models"]["baseline"]["spec"] == str(source)  # the default baseline: config.t2r_source
     names = [row["name"] for row in results["perplexity"]["results"]]

@@ -1,19 +1,14 @@
 """`t2r generate` on a tiny model converted by `t2r convert`."""
 
-import threading
-
 from transformers import AutoModelForCausalLM
 
 from t2r.cli import main
 from tests.helpers.models import save_tiny_source, tiny_source
 
 
-def test_convert_then_generate(tmp_path, capsys, monkeypatch):
+def test_convert_then_generate(tmp_path, capsys, manifest_checks):
     from t2r import manifest
 
-    checked_by = []
-    check = manifest._check
-    monkeypatch.setattr(manifest, "_check", lambda *a: checked_by.append(threading.current_thread().name) or check(*a))
     save_tiny_source(tmp_path / "src", tokenizer="words")
     source = tiny_source("llama")  # the saved model
     out = tmp_path / "gsa"
@@ -28,7 +23,7 @@ def test_convert_then_generate(tmp_path, capsys, monkeypatch):
                  "--max-new-tokens", "4", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("w5 w6 w7") and lines[1].startswith("w9")
-    assert checked_by[-1] == "t2r-verify gsa"  # the conversion's checksums hashed beside the command's imports
+    assert manifest_checks[-1] == "t2r-verify gsa"  # the conversion's checksums hashed beside the command's imports
     assert not manifest._ahead
 
 
