@@ -15,6 +15,9 @@
 #                                                          # in $OUT/ab.txt (two DDP runs back to back on one
 #                                                          # machine differed by 12% on 2026-11-28); the runs'
 #                                                          # files in $OUT/ab.tgz
+#   bash benchmarks/repro/two_cards.sh lone                # the recipe alone on each card at once, no process
+#                                                          # group (runs lone-0, lone-1; ARGS for both): what two
+#                                                          # processes sharing the host cost, without DDP
 #   bash benchmarks/repro/two_cards.sh one-thread          # the same with the stream read by a thread (data.reader)
 #   bash benchmarks/repro/two_cards.sh ddp | fsdp          # the same steps on both cards (runs/ddp, runs/fsdp)
 #   bash benchmarks/repro/two_cards.sh ddp-bf16            # DDP with train.gradient_sync=bf16 (runs/ddp-bf16)
@@ -85,6 +88,18 @@ one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.
     ;;
 # shellcheck disable=SC2086  # ARGS: overrides split on spaces
 ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ${ARGS:-} ;;
+lone)
+    for card in 0 1; do
+        # shellcheck disable=SC2086  # ARGS: overrides split on spaces
+        CUDA_VISIBLE_DEVICES=$card python3 -m t2r.cli finetune --config "$recipe" name="lone-$card" "${fixed[@]}" \
+            ${ARGS:-} >> "$out/lone-$card.log" 2>&1 &
+    done
+    wait
+    for card in 0 1; do
+        cp "runs/lone-$card/metrics.jsonl" "$out/lone-$card-metrics.jsonl" 2>/dev/null
+        grep -E "start-up|step 84/" "$out/lone-$card.log" | tail -2
+    done
+    ;;
 ab)
     for round in $(seq 1 "${ROUNDS:-2}"); do
         RUN=one-$round bash "$0" one; RUN=ddp-$round bash "$0" ddp
@@ -150,5 +165,5 @@ m7)
     echo "== $name generate rc $?"; tail -4 "$out/$name-generate.log"
     grep -E "Elapsed|Maximum resident" "$out/$name-generate-time.txt"
     ;;
-*) echo "usage: two_cards.sh one|ab|one-thread|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
+*) echo "usage: two_cards.sh one|ab|lone|one-thread|ddp|fsdp|ddp-bf16|ddp-cut|fsdp-cut|kill-rank|profile|eval NAME...|m7 gsa|gdn"; exit 2 ;;
 esac
