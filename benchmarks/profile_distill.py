@@ -332,6 +332,42 @@ def profile_summary(prof, wall: float, micro_batches: int, label: str = "step") 
     lines += ["", "| top kernels | GPU ms per micro-batch |", "|---|---|"]
     for kernel, value in sorted(by_name.items(), key=lambda kv: -kv[1])[:15]:
         lines.append(f"| `{kernel[:90]}` | {value / micro_batches:.1f} |")
+    return lines + idle_lines(device_intervals(prof), wall)
+
+
+def device_intervals(prof) -> dict[int, list[tuple[int, int, str]]]:
+    """Each CUDA stream's kernels and copies as (start ns, end ns, name), from the profiler's raw events."""
+    streams: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() == torch.autograd.DeviceType.CUDA:
+            streams[event.device_resource_id()].append((event.start_ns(), event.end_ns(), event.name()))
+    return streams
+
+
+def stream_gaps(intervals: list[tuple[int, int, str]], at_least_ns: int) -> list[tuple[int, str, str]]:
+    """The stream's idle gaps of `at_least_ns` or more, as (ns, the kernel before, the kernel after), longest
+    first: overlapping kernels merge into one busy span."""
+    gaps, end, last = [], None, ""
+    for start, stop, name in sorted(intervals):
+        if end is not None and start - end >= at_least_ns:
+            gaps.append((start - end, last, name))
+        if end is None or stop >= end:
+            end, last = stop, name
+    return sorted(gaps, key=lambda gap: -gap[0])
+
+
+def idle_lines(streams: dict[int, list[tuple[int, int, str]]], wall: float, at_least_ms: float = 0.5) -> list[str]:
+    """Where the busiest stream (the compute stream) sat idle: its gaps of `at_least_ms` or more in total and the
+    longest, each between which two kernels: a host that falls behind its GPU shows here."""
+    if not streams:
+        return []
+    busiest = max(streams, key=lambda s: sum(stop - start for start, stop, _ in streams[s]))
+    gaps = stream_gaps(streams[busiest], int(at_least_ms * 1e6))
+    total = sum(ns for ns, _, _ in gaps) / 1e6
+    lines = ["", f"The compute stream (stream {busiest}, of {len(streams)}) sat idle {total:.0f} ms of {wall:.0f} ms "
+             f"in {len(gaps)} gaps of {at_least_ms} ms or more", "",
+             "| longest gaps, ms | after | before |", "|---|---|---|"]
+    lines += [f"| {ns / 1e6:.1f} | `{before[:60]}` | `{after[:60]}` |" for ns, before, after in gaps[:12]]
     return lines
 
 

@@ -15,6 +15,8 @@
 #                                                          # in $OUT/ab.txt (two DDP runs back to back on one
 #                                                          # machine differed by 12% on 2026-11-28); the runs'
 #                                                          # files in $OUT/ab.tgz
+#   RUN=NAME DDP_OPTIONS='{"static_graph": true}' bash benchmarks/repro/two_cards.sh ddp   # DDP's constructor
+#                                                          # given these arguments too (ddp_options.py)
 #   bash benchmarks/repro/two_cards.sh lone                # the recipe alone on each card at once, no process
 #                                                          # group (runs lone-0, lone-1; ARGS for both): what two
 #                                                          # processes sharing the host cost, without DDP
@@ -24,7 +26,8 @@
 #   bash benchmarks/repro/two_cards.sh ddp-cut | fsdp-cut  # DDP (FSDP2) again, SIGTERM to the launcher after step
 #                                                          # 60, then --resume to step 100 (runs/ddp-cut, fsdp-cut)
 #   bash benchmarks/repro/two_cards.sh kill-rank           # SIGKILL to rank 1 after step 55, then --resume
-#   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 40-44: card 0, then each DDP rank
+#   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 40-44 (STEPS=A:B): card 0,
+#                                                          # then each DDP rank; ARGS for both
 #   bash benchmarks/repro/two_cards.sh eval NAME...        # perplexity and KL at 2K of runs/NAME/final
 #   bash benchmarks/repro/two_cards.sh m7 gsa|gdn          # the 7B shape, 10 steps under FSDP2, saved, reloaded
 #                                                          # on one card, generating
@@ -56,8 +59,10 @@ finish() {  # finish NAME RC: the run's summary lines and its metrics
 
 two() {  # two NAME CONFIG PORT [args...]: the frontier recipe on both cards
     local name=$1 config=$2 port=$3; shift 3
+    local cli=(-m t2r.cli)  # DDP_OPTIONS (JSON): DDP's constructor gets these too (benchmarks/repro/ddp_options.py)
+    [ -n "${DDP_OPTIONS:-}" ] && cli=(benchmarks/repro/ddp_options.py)
     watch_gpus "$name"
-    accelerate_launch --config_file "$config" --main_process_port "$port" -m t2r.cli finetune \
+    accelerate_launch --config_file "$config" --main_process_port "$port" "${cli[@]}" finetune \
         --config "$recipe" name="$name" "${fixed[@]}" "$@" >> "$out/$name.log" 2>&1
     finish "$name" $?
 }
@@ -125,14 +130,18 @@ kill-rank)
     ls -d runs/kill-rank/step-* runs/kill-rank/.tmp-* 2>/dev/null
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514 --resume
     ;;
-profile)  # torch.profiler over steps 40-44 of card 0 alone, then of each DDP rank: where the two-card step loses
+profile)  # torch.profiler over steps 40-44 (STEPS=A:B) of card 0 alone, then of each DDP rank (ARGS for both)
+    steps=${STEPS:-40:44}
+    # shellcheck disable=SC2086  # ARGS: overrides split on spaces
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/profile_recipe.py "$recipe" name=profile-one \
-        checkpoint.dir=runs/profile-one "${fixed[@]}" --steps 40:44 --out "$out/profile-one.md" > "$out/profile-one.log" 2>&1
+        checkpoint.dir=runs/profile-one "${fixed[@]}" ${ARGS:-} --steps "$steps" --out "$out/profile-one.md" \
+        > "$out/profile-one.log" 2>&1
     echo "== profile one rc $?"
+    # shellcheck disable=SC2086
     accelerate_launch --config_file recipes/accelerate/ddp-2gpu.yaml --main_process_port 29516 \
         benchmarks/profile_recipe.py "$recipe" name=profile-ddp checkpoint.dir=runs/profile-ddp "${fixed[@]}" \
-        --steps 40:44 --out "$out/profile-ddp-{rank}.md" > "$out/profile-ddp.log" 2>&1
-    echo "== profile ddp rc $?"; grep -hE "GPU busy|launches|tokens/s" "$out"/profile-*.md | head -20
+        ${ARGS:-} --steps "$steps" --out "$out/profile-ddp-{rank}.md" > "$out/profile-ddp.log" 2>&1
+    echo "== profile ddp rc $?"; grep -hE "GPU busy|launches|tokens/s|sat idle" "$out"/profile-*.md | head -20
     ;;
 eval)
     shift
