@@ -107,6 +107,10 @@ class TrainSection:
     gradients are ready. Where the step is bound by launching kernels, the ranks meet at every bucket; a bucket
     larger than the gradients (e.g. 1024) makes one all-reduce at the backward's end. Nothing changes on one
     process or under FSDP."""
+    collect_garbage: bool = True
+    """Python's garbage collector run by the step loop at one point of each step, the same on every process
+    (`t2r.train.collector`), instead of whenever its allocation counters say (a full collection mid-step stalls
+    the host for 100+ ms, and under DDP every other process with it); false: Python's own collection."""
     compile: bool = False
     """Regional compilation of the student and the teacher (`t2r.models.compilation`: each decoder layer through
     torch.compile, one graph shared by the layers): faster steps after a first step that compiles."""

@@ -28,7 +28,7 @@ from .fields import recipe_fields
 MUTABLE = ("name", "data.reader", "train.max_steps", "train.max_tokens", "train.lr", "train.min_lr_ratio",
            "train.warmup_steps", "train.schedule", "train.grad_clip", "train.gradient_checkpointing",
            "train.max_nonfinite_steps", "train.max_collapsed_steps", "train.fused_kl", "train.gradient_sync",
-           "train.gradient_bucket_mb", "train.compile", "checkpoint", "logging", "eval")
+           "train.gradient_bucket_mb", "train.collect_garbage", "train.compile", "checkpoint", "logging", "eval")
 """Recipe fields (or whole sections) that may change between a run and its resumption."""
 
 

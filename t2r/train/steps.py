@@ -16,6 +16,7 @@ import torch
 from t2r.models.compilation import cache_outcomes
 
 from . import checkpoint, logs, signals
+from .collector import StepCollector
 from .errors import CollapseError, NonFiniteError
 from .gradient_sync import average_gradients
 from .guard import CollapseGuard, NonFiniteGuard, weights_finite
@@ -95,20 +96,23 @@ def train_steps(recipe, accelerator, model, run: Steps, state: dict, history: li
     loop = StepLoop(recipe, accelerator, model, run, state, history, callbacks)
     model.train()
     metrics = {"step": state["step"], "tokens": state["tokens"]}
+    collector = StepCollector(recipe.train.collect_garbage)
     try:
-        for batch in loop.batches:
-            if loop.step >= loop.end:
-                break
-            with accelerator.accumulate(model):
-                loss, parts = run.loss(batch)
-                accelerator.backward(loss)
-                loop.window.add(loss, parts, batch["input_ids"].numel() * accelerator.num_processes,
-                                accelerator.gradient_accumulation_steps)
+        with collector:
+            for batch in loop.batches:
+                if loop.step >= loop.end:
+                    break
+                with accelerator.accumulate(model):
+                    loss, parts = run.loss(batch)
+                    accelerator.backward(loss)
+                    loop.window.add(loss, parts, batch["input_ids"].numel() * accelerator.num_processes,
+                                    accelerator.gradient_accumulation_steps)
+                    if accelerator.sync_gradients:
+                        collector.step_done(loop.step + 1)  # while the GPU runs the backward just queued
+                        update = loop.optimizer_step()
+                    run.optimizer.zero_grad(set_to_none=True)
                 if accelerator.sync_gradients:
-                    update = loop.optimizer_step()
-                run.optimizer.zero_grad(set_to_none=True)
-            if accelerator.sync_gradients:
-                metrics = loop.after_step(update)
+                    metrics = loop.after_step(update)
     finally:  # also when a signal, an error or a callback stops the run: a reader process left running (it
         # ignores SIGTERM) kept the stopped process from exiting, joined by multiprocessing at exit
         loop.progress.close()
