@@ -310,6 +310,8 @@ def profile_summary(prof, wall: float, micro_batches: int, label: str = "step") 
     by_kind, launches, by_name = defaultdict(float), defaultdict(int), defaultdict(float)
     waits, waited = 0, 0.0
     for event in prof.events():
+        if annotation(event.is_user_annotation, getattr(event, "activity_type", "")):
+            continue
         if event.device_type != torch.autograd.DeviceType.CUDA:
             if event.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
                 waits += 1
@@ -335,11 +337,18 @@ def profile_summary(prof, wall: float, micro_batches: int, label: str = "step") 
     return lines + idle_lines(device_intervals(prof), wall)
 
 
+def annotation(flagged: bool, activity) -> bool:
+    """Whether a profiler event is a named range (`nccl:all_reduce`, `DistributedDataParallel.forward`, on the
+    GPU's timeline too), not work: it spans kernels counted on their own."""
+    return bool(flagged) or "annotation" in str(activity)
+
+
 def device_intervals(prof) -> dict[int, list[tuple[int, int, str]]]:
     """Each CUDA stream's kernels and copies as (start ns, end ns, name), from the profiler's raw events."""
     streams: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     for event in prof.profiler.kineto_results.events():
-        if event.device_type() == torch.autograd.DeviceType.CUDA:
+        if (event.device_type() == torch.autograd.DeviceType.CUDA
+                and not annotation(event.is_user_annotation(), event.activity_type())):
             streams[event.device_resource_id()].append((event.start_ns(), event.end_ns(), event.name()))
     return streams
 
