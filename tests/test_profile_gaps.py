@@ -28,3 +28,10 @@ def test_the_busiest_stream_is_read():
     assert "stream 3, of 2) sat idle 2 ms of 40 ms in 1 gaps" in text
     assert "| 2.0 | `mm` | `mm2` |" in text
     assert idle_lines({}, wall=1.0) == []
+
+
+def test_named_ranges_are_not_counted_as_work():
+    from profile_distill import annotation
+
+    assert annotation(True, "cpu_op") and annotation(False, "gpu_user_annotation")
+    assert not annotation(False, "kernel") and not annotation(False, "")
