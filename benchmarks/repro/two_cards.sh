@@ -26,7 +26,7 @@
 #   bash benchmarks/repro/two_cards.sh ddp-cut | fsdp-cut  # DDP (FSDP2) again, SIGTERM to the launcher after step
 #                                                          # 60, then --resume to step 100 (runs/ddp-cut, fsdp-cut)
 #   bash benchmarks/repro/two_cards.sh kill-rank           # SIGKILL to rank 1 after step 55, then --resume
-#   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 40-44 (STEPS=A:B): card 0,
+#   bash benchmarks/repro/two_cards.sh profile             # torch.profiler over steps 41-44 (STEPS=40:44): card 0,
 #                                                          # then each DDP rank; ARGS for both
 #   bash benchmarks/repro/two_cards.sh eval NAME...        # perplexity and KL at 2K of runs/NAME/final
 #   bash benchmarks/repro/two_cards.sh m7 gsa|gdn          # the 7B shape, 10 steps under FSDP2, saved, reloaded
@@ -91,8 +91,9 @@ one|one-thread)  # one-thread: the stream read by a thread of the trainer (data.
         ${ARGS:-} >> "$out/$run.log" 2>&1
     finish "$run" $?
     ;;
-# shellcheck disable=SC2086  # ARGS: overrides split on spaces
-ddp) two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ${ARGS:-} ;;
+ddp)
+    # shellcheck disable=SC2086  # ARGS: overrides split on spaces
+    two "${RUN:-ddp}" recipes/accelerate/ddp-2gpu.yaml 29511 ${ARGS:-} ;;
 lone)
     for card in 0 1; do
         # shellcheck disable=SC2086  # ARGS: overrides split on spaces
@@ -130,7 +131,7 @@ kill-rank)
     ls -d runs/kill-rank/step-* runs/kill-rank/.tmp-* 2>/dev/null
     two kill-rank recipes/accelerate/ddp-2gpu.yaml 29514 --resume
     ;;
-profile)  # torch.profiler over steps 40-44 (STEPS=A:B) of card 0 alone, then of each DDP rank (ARGS for both)
+profile)  # torch.profiler over steps 41-44 (STEPS=40:44) of card 0 alone, then of each DDP rank (ARGS for both)
     steps=${STEPS:-40:44}
     # shellcheck disable=SC2086  # ARGS: overrides split on spaces
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/profile_recipe.py "$recipe" name=profile-one \
