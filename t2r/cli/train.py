@@ -77,6 +77,11 @@ def print_plan(recipe, tokens_per_second: float | None = None, measure: int | No
           f"{recipe.grad_accum_steps(1)}x on 1 process"
           + "".join(f", {recipe.grad_accum_steps(n)}x on {n}" for n in (2, 4, 8) if _divides(recipe, n))
           + f"; checkpoints every {counted(recipe.checkpoint.every_steps, 'step')} in {recipe.checkpoint.dir}")
+    alone = [n for n in (2, 4, 8) if _divides(recipe, n) and recipe.grad_accum_steps(n) == 1]
+    if alone:
+        print(f"# data parallel on {alone[0]} processes: each runs one micro-batch a step, and what a step costs "
+              "beside its micro-batches (the read, the optimizer, the next batch's start) is shared by that one; a "
+              "larger train.tokens_per_step shares it by more (DDP against one card in the README)")
     if recipe.stages is not None:
         from t2r.train.stages import describe
 

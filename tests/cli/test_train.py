@@ -45,6 +45,7 @@ def test_finetune_dry_run_prints_the_resolved_recipe_and_plan(capsys):
     resolved = yaml.safe_load(out)
     assert resolved["train"]["lr"] == 1e-4 and resolved["data"]["seq_len"] == 2048
     assert "# plan: 9,536 steps of 2,097,152 tokens" in out and "256x on 1 process, 128x on 2" in out
+    assert "# data parallel on" not in out  # 16 micro-batches a process a step even on 8
     # the memory plan from the built-in config (no hub access), as from MistralConfig() saved to a folder
     assert "built-in copy of mistralai/Mistral-7B-v0.1's config" in out and "| DDP | 1 | 27.2 | 27.2 | 54.5 |" in out
 
@@ -237,3 +238,17 @@ def test_run_checks_its_recall_prompts_against_the_vocabulary_before_training(tm
     assert main(["eval", "--model", str(source), "--baseline", "none", "--suites", "mqar", "--mqar-pairs", "8",
                  "--device", "cpu", "--out", str(tmp_path / "eval")]) == 2
     assert "eval.mqar_pairs: 8 pairs asked, but the tokenizer has only 0 single-token words" in capsys.readouterr().err
+
+
+def test_the_dry_run_says_where_data_parallel_processes_run_one_micro_batch_a_step(capsys):
+    """The frontier recipe's 65,536 tokens a step are one micro-batch of 16 x 2048 a process on two: DDP's
+    scaling is lowest there (two H200s: 1.78x one card, 1.90x at four micro-batches a process)."""
+    assert main(["finetune", "--config", "recipes/frontier/smollm2-gdn-hybrid.yaml", "--dry-run",
+                 "data.path=org/dataset"]) == 0
+    out = capsys.readouterr().out
+    assert "2x on 1 process, 1x on 2" in out
+    assert "# data parallel on 2 processes: each runs one micro-batch a step" in out
+    assert main(["finetune", "--config", "recipes/frontier/smollm2-gdn-hybrid.yaml", "--dry-run",
+                 "data.path=org/dataset", "train.tokens_per_step=262144"]) == 0
+    out = capsys.readouterr().out
+    assert "4x on 2, 2x on 4, 1x on 8" in out and "# data parallel on 8 processes" in out
