@@ -32,13 +32,11 @@ class MixedAttention(nn.Module):
     def __init__(self, softmax: nn.Module, converted: nn.Module, keeps: list[bool], block: int):
         super().__init__()
         self.softmax, self.converted = softmax, converted
-        # which token takes the source's output, filled block by block where the layer is: a tensor copied from
-        # the host (as each forward did) waits for the device's queue, once per mixed layer and forward
+        # which token takes the source's output, built once where the layer is: a tensor copied from the host
+        # (as each forward did) waits for the device's queue, once per mixed layer and forward
         device = next(softmax.parameters(), torch.empty(0)).device
-        self.where = torch.zeros(1, len(keeps) * block, 1, dtype=torch.bool, device=device)
-        for g, keep in enumerate(keeps):
-            if keep:
-                self.where[:, g * block:(g + 1) * block] = True
+        where = torch.tensor(keeps, device=device).repeat_interleave(block).view(1, -1, 1)
+        self.register_buffer("where", where, persistent=False)
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         kept, _ = self.softmax(hidden_states, attention_mask=attention_mask, **kwargs)

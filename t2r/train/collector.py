@@ -27,11 +27,11 @@ class StepCollector:
 
     def __init__(self, active: bool = True, full_every: int = FULL_EVERY):
         self.active, self.full_every = active, full_every
-        self.was_enabled, self.froze, self.steps = gc.isenabled(), False, 0
+        self.was_enabled, self.froze, self.steps = gc.isenabled(), False, 0  # the state __enter__ found
 
     def __enter__(self) -> StepCollector:
         if self.active:
-            self.was_enabled, self.froze, self.steps = gc.isenabled(), False, 0
+            self.was_enabled = gc.isenabled()
             gc.disable()
         return self
 
