@@ -1,9 +1,10 @@
 """Python's cyclic garbage collector run by the step loop instead of by allocation counts.
 
-Left to itself, Python collects whenever its allocation counters say, mid-step: a full collection took 130-260 ms
-in a `t2r finetune` of SmolLM2 on a CPU (524K tracked objects; more with torch.compile's), longer than a GPU's
-micro-batch. On one GPU such a pause leaves the card idle once its queue drains; under DDP it holds every other
-rank at the next all-reduce too, and each rank's pauses fall at other times, so all ranks wait for all of them.
+Left to itself, Python collects whenever its allocation counters say, mid-step: a full collection took up to
+263 ms in a `t2r finetune` of SmolLM2 on a CPU (524K tracked objects, more with torch.compile's; `python
+benchmarks/gc_pauses.py`, benchmarks/results/gc_pauses_cpu_2026-11-28.md), longer than a GPU's micro-batch. On
+one GPU such a pause leaves the card idle once its queue drains; under DDP it holds every other rank at the next
+all-reduce too, and each rank's pauses fall at other times, so all ranks wait for all of them.
 
 `StepCollector` turns automatic collection off for a run of steps and collects at one point of every optimizer
 step, the same on every rank: after the first step (set-up and compilation done) everything, and what survives is
